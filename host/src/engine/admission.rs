@@ -1,0 +1,325 @@
+//! Admission (SPEC.md section 4): validation, the operation's state, the downstream, the
+//! policy's plan, the deadline, the never-fit bound and the budgets, in that order, the
+//! first that refuses answering. All of it in one transaction; a refusal writes nothing.
+
+use super::budgets::{Budgets, Needs, Refusal};
+use super::{downstream_available, Engine};
+use crate::model::{OpState, Operation, Request, Route};
+use crate::reason::{outcome_http, Outcome, Reason};
+use crate::runtime::{self, Admission, LoadedPolicy, RefusalReason};
+use crate::store::{QueuedJob, Store, StoreError, Tx};
+use crate::validate;
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+/// The answer to one admission.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Decision {
+    pub outcome: Outcome,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<Reason>,
+    pub http: u16,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retry_after_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reserved_tokens: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_output_tokens: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub optional_context_tokens: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub degraded: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub state: Option<OpState>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub result_ref: Option<String>,
+    /// The content hash of the policy that decided, when a policy was consulted or the
+    /// answer replays an operation it decided.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub policy: Option<String>,
+}
+
+impl Decision {
+    pub fn rejected(reason: Reason, retry_after_ms: Option<u64>) -> Self {
+        Decision {
+            outcome: Outcome::Rejected,
+            reason: Some(reason),
+            http: reason.http(),
+            retry_after_ms,
+            attempt: None,
+            reserved_tokens: None,
+            max_output_tokens: None,
+            optional_context_tokens: None,
+            degraded: None,
+            state: None,
+            result_ref: None,
+            policy: None,
+        }
+    }
+
+    fn refused(r: Refusal) -> Self {
+        Self::rejected(r.reason, r.retry_after_ms)
+    }
+
+    /// An answer that describes an existing operation.
+    fn about(outcome: Outcome, op: &Operation) -> Self {
+        Decision {
+            outcome,
+            reason: None,
+            http: outcome_http(outcome),
+            retry_after_ms: None,
+            attempt: Some(op.attempt),
+            reserved_tokens: Some(op.reserved_tokens),
+            max_output_tokens: Some(op.max_output_tokens),
+            optional_context_tokens: Some(op.optional_context_tokens),
+            degraded: Some(op.degraded),
+            state: Some(op.state),
+            result_ref: op.result_ref.clone(),
+            policy: Some(op.policy_digest.clone()),
+        }
+    }
+
+    /// Whether this answer authorises a provider call now.
+    pub fn authorises_call(&self) -> bool {
+        self.outcome == Outcome::Accepted
+    }
+}
+
+/// The fingerprint that makes two requests "the same" (SPEC.md section 2).
+pub(crate) fn fingerprint(req: &Request) -> String {
+    if let Some(f) = &req.fingerprint {
+        return format!("caller:{f}");
+    }
+    let canonical = serde_json::json!([
+        req.route,
+        req.input_tokens,
+        req.optional_context_tokens,
+        req.max_output_tokens,
+        req.body_ref,
+    ]);
+    let digest = Sha256::digest(canonical.to_string().as_bytes());
+    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    format!("sha256:{hex}")
+}
+
+/// What step 2 found: a final answer, or the attempt a fresh admission would start.
+enum Existing {
+    Answer(Decision),
+    Fresh { attempt: u32, prior: Option<Operation> },
+}
+
+impl<S: Store> Engine<S> {
+    /// Admits, queues or refuses one request given as a JSON object.
+    pub fn admit(&self, raw: &serde_json::Value, now_ms: i64) -> Result<Decision, StoreError> {
+        let req = match validate::request(raw, &self.config) {
+            Ok(r) => r,
+            Err(reason) => return Ok(Decision::rejected(reason, None)),
+        };
+        self.admit_request(&req, now_ms)
+    }
+
+    /// Admits, queues or refuses one validated request.
+    pub fn admit_request(&self, req: &Request, now_ms: i64) -> Result<Decision, StoreError> {
+        let policy = self.active_policy();
+        self.transaction(|tx| self.admit_in(tx, &policy, req, now_ms))
+    }
+
+    fn admit_in(&self, tx: &mut dyn Tx, policy: &LoadedPolicy, req: &Request, now_ms: i64) -> Result<Decision, StoreError> {
+        let fp = fingerprint(req);
+        let (attempt, prior) = match existing(tx, req, &fp, now_ms)? {
+            Existing::Answer(d) => return Ok(d),
+            Existing::Fresh { attempt, prior } => (attempt, prior),
+        };
+        // The deadline stored with the operation wins for its whole life.
+        let deadline_ms = prior.as_ref().map_or(req.deadline_ms, |p| p.deadline_ms);
+
+        if req.route == Route::Interactive && !downstream_available(tx)? {
+            let busy = self.config.param("busy_retry_after_ms").map(|v| v as u64);
+            return Ok(Decision::rejected(Reason::DownstreamUnavailable, busy));
+        }
+
+        let digest = policy.digest.to_string();
+        let view = self.view(tx, &req.tenant, &req.key, attempt, now_ms)?;
+        let guest_req = runtime::Request {
+            tenant: req.tenant.clone(),
+            key: req.key.clone(),
+            route: match req.route {
+                Route::Interactive => runtime::Route::Interactive,
+                Route::Durable => runtime::Route::Durable,
+            },
+            input_tokens: req.input_tokens,
+            optional_context_tokens: req.optional_context_tokens,
+            max_output_tokens: req.max_output_tokens,
+            deadline_ms,
+            size_bytes: req.size_bytes,
+            attempt,
+        };
+        let with_policy = |mut d: Decision| {
+            d.policy = Some(digest.clone());
+            d
+        };
+        let plan = match policy.admit(view, &guest_req) {
+            Err(_fault) => return Ok(with_policy(Decision::rejected(Reason::PolicyError, None))),
+            Ok(Admission::Refuse(r)) => {
+                let reason = refusal_reason(r.reason);
+                let retry_after = if reason == Reason::TooLarge { None } else { r.retry_after_ms };
+                return Ok(with_policy(Decision::rejected(reason, retry_after)));
+            }
+            Ok(Admission::Admit(plan)) => plan,
+        };
+        // A plan may reduce the request, never raise it; durable work is never degraded.
+        let plan_ok = plan.max_output_tokens >= 1
+            && plan.max_output_tokens <= req.max_output_tokens
+            && plan.optional_context_tokens <= req.optional_context_tokens;
+        if !plan_ok {
+            return Ok(with_policy(Decision::rejected(Reason::PolicyError, None)));
+        }
+        let (max_output, optional_context) = match req.route {
+            Route::Interactive => (plan.max_output_tokens, plan.optional_context_tokens),
+            Route::Durable => (req.max_output_tokens, req.optional_context_tokens),
+        };
+        let degraded = max_output < req.max_output_tokens || optional_context < req.optional_context_tokens;
+
+        if i128::from(now_ms) + i128::from(plan.estimated_exec_ms) >= i128::from(deadline_ms) {
+            return Ok(with_policy(Decision::rejected(Reason::DeadlineExceeded, None)));
+        }
+        let reserved = req.input_tokens + optional_context + max_output;
+        let tenant = self.config.tenant(&req.tenant).expect("validated tenant");
+        let budgets = Budgets::for_tenant(&self.config, &req.tenant, tenant);
+        if budgets.tenant_tokens.never_fits(reserved) {
+            return Ok(with_policy(Decision::rejected(Reason::TooLarge, None)));
+        }
+
+        let needs = match req.route {
+            Route::Interactive => Needs {
+                requests: true,
+                tokens: reserved,
+                slots: true,
+                busy_retry_after_ms: plan.busy_retry_after_ms,
+            },
+            Route::Durable => Needs { requests: true, tokens: 0, slots: false, busy_retry_after_ms: None },
+        };
+        let reservation = match budgets.check(tx, now_ms, &needs)? {
+            Ok(r) => r,
+            Err(r) => return Ok(with_policy(Decision::refused(r))),
+        };
+        // Durable: the queue bound comes after the request buckets (SPEC.md step 7).
+        if req.route == Route::Durable && tx.queue_depth(&req.tenant)? >= tenant.queue_limit {
+            let full = Refusal { reason: Reason::QueueFull, retry_after_ms: plan.busy_retry_after_ms };
+            return Ok(with_policy(Decision::refused(full)));
+        }
+        let taken = reservation.apply(tx)?;
+
+        let state = match req.route {
+            Route::Interactive => OpState::Active,
+            Route::Durable => OpState::Queued,
+        };
+        let op = Operation {
+            tenant: req.tenant.clone(),
+            key: req.key.clone(),
+            fingerprint: fp,
+            route: req.route,
+            state,
+            attempt,
+            deadline_ms,
+            input_tokens: req.input_tokens,
+            requested_max_output_tokens: req.max_output_tokens,
+            requested_optional_context_tokens: req.optional_context_tokens,
+            max_output_tokens: max_output,
+            optional_context_tokens: optional_context,
+            reserved_tokens: reserved,
+            estimated_exec_ms: plan.estimated_exec_ms,
+            degraded,
+            body_ref: req.body_ref.clone(),
+            holds_slot: taken.global_slot,
+            holds_tenant_slot: taken.tenant_slot,
+            tokens_reserved: req.route == Route::Interactive,
+            not_before_ms: None,
+            result_ref: None,
+            worker: None,
+            last_result: None,
+            last_retry: None,
+            policy_digest: digest.clone(),
+            busy_retry_after_ms: plan.busy_retry_after_ms,
+        };
+        if req.route == Route::Durable {
+            tx.enqueue(&QueuedJob {
+                tenant: op.tenant.clone(),
+                key: op.key.clone(),
+                tokens: reserved,
+                not_before_ms: now_ms,
+                expire_at_ms: expire_at(deadline_ms, plan.estimated_exec_ms),
+            })?;
+        }
+        tx.put_operation(&op)?;
+        let outcome = match req.route {
+            Route::Interactive => Outcome::Accepted,
+            Route::Durable => Outcome::Queued,
+        };
+        Ok(Decision::about(outcome, &op))
+    }
+}
+
+/// From this time on, `now + estimate >= deadline`: the job can no longer finish in time.
+pub(crate) fn expire_at(deadline_ms: i64, estimated_exec_ms: u64) -> i64 {
+    deadline_ms.saturating_sub(estimated_exec_ms.min(i64::MAX as u64) as i64)
+}
+
+/// Step 2: the operation's state decides duplicates, conflicts and retries.
+fn existing(tx: &mut dyn Tx, req: &Request, fp: &str, now_ms: i64) -> Result<Existing, StoreError> {
+    let Some(op) = tx.operation(&req.tenant, &req.key)? else {
+        return Ok(Existing::Fresh { attempt: 1, prior: None });
+    };
+    if op.fingerprint != fp {
+        return Ok(Existing::Answer(Decision::about(Outcome::Conflict, &op).without_details()));
+    }
+    Ok(Existing::Answer(match op.state {
+        OpState::Queued | OpState::Active | OpState::Failed => Decision::about(Outcome::DuplicateActive, &op),
+        OpState::Unknown => Decision::rejected(Reason::UnknownOutcomePending, None),
+        OpState::Succeeded | OpState::FailedFinal | OpState::Expired => {
+            Decision::about(Outcome::DuplicateCompleted, &op)
+        }
+        OpState::RetryPending => {
+            let not_before = op.not_before_ms.unwrap_or(now_ms);
+            if now_ms < not_before {
+                Decision::rejected(Reason::RetryTooEarly, Some((not_before - now_ms) as u64))
+            } else {
+                return Ok(Existing::Fresh { attempt: op.attempt + 1, prior: Some(op) });
+            }
+        }
+    }))
+}
+
+impl Decision {
+    /// A conflict says nothing about the other payload's operation.
+    fn without_details(self) -> Self {
+        Decision {
+            attempt: None,
+            reserved_tokens: None,
+            max_output_tokens: None,
+            optional_context_tokens: None,
+            degraded: None,
+            state: None,
+            result_ref: None,
+            policy: None,
+            ..self
+        }
+    }
+}
+
+fn refusal_reason(r: RefusalReason) -> Reason {
+    match r {
+        RefusalReason::Overloaded => Reason::Overloaded,
+        RefusalReason::TooLarge => Reason::TooLarge,
+        RefusalReason::DeadlineExceeded => Reason::DeadlineExceeded,
+        RefusalReason::TokenBudget => Reason::TokenBudget,
+        RefusalReason::TenantRate => Reason::TenantRate,
+        RefusalReason::GlobalRate => Reason::GlobalRate,
+        RefusalReason::TenantConcurrency => Reason::TenantConcurrency,
+        RefusalReason::GlobalConcurrency => Reason::GlobalConcurrency,
+        RefusalReason::QueueFull => Reason::QueueFull,
+        RefusalReason::DownstreamUnavailable => Reason::DownstreamUnavailable,
+    }
+}

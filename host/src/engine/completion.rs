@@ -1,0 +1,225 @@
+//! Completion and reconciliation: slots are released only when termination is known, an
+//! unknown outcome is never retried automatically, and retries keep the operation's key
+//! and deadline.
+
+use super::budgets::{release_slot, Budgets};
+use super::Engine;
+use crate::model::{CallResult, OpState, Operation, RetryVerdict, Route, Usage};
+use crate::runtime::{self, Failure, GiveUpReason, LoadedPolicy, RetryDecision};
+use crate::store::{QueuedJob, Store, StoreError, Tx};
+use serde::Serialize;
+
+/// A caller's report of how an attempt ended.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Completion {
+    pub tenant: String,
+    pub key: String,
+    pub result: CallResult,
+    pub usage: Option<Usage>,
+    /// The failure kind (`rate_limited`, `unavailable`, …) when `result` is `failed`.
+    pub failure: Option<String>,
+    pub provider_retry_after_ms: Option<u64>,
+    pub result_ref: Option<String>,
+}
+
+/// The resolution of an `unknown` outcome, once the caller knows it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Reconciliation {
+    pub tenant: String,
+    pub key: String,
+    /// `succeeded` or `failed` (a failed reconciliation is final: never retried).
+    pub resolution: CallResult,
+    pub usage: Option<Usage>,
+    pub result_ref: Option<String>,
+}
+
+/// The answer to `complete` or `reconcile`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct CompletionAnswer {
+    pub ok: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retry: Option<RetryVerdict>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub state: Option<OpState>,
+}
+
+impl CompletionAnswer {
+    fn error(word: &'static str) -> Self {
+        CompletionAnswer { ok: false, error: Some(word), retry: None, state: None }
+    }
+
+    fn done(op: &Operation) -> Self {
+        CompletionAnswer { ok: true, error: None, retry: op.last_retry.clone(), state: Some(op.state) }
+    }
+}
+
+fn give_up(reason: &str) -> RetryVerdict {
+    RetryVerdict { eligible: false, reason: Some(reason.to_string()), not_before_ms: None }
+}
+
+/// Longest failure word kept; longer ones are cut (they are labels, not messages).
+const MAX_FAILURE_BYTES: usize = 64;
+
+fn failure_kind(word: &str) -> Failure {
+    match word {
+        "rate_limited" => Failure::RateLimited,
+        "unavailable" => Failure::Unavailable,
+        "connect_failed" => Failure::ConnectFailed,
+        "bad_request" => Failure::BadRequest,
+        "auth_failed" => Failure::AuthFailed,
+        "content_filtered" => Failure::ContentFiltered,
+        other => Failure::Other(other.chars().take(MAX_FAILURE_BYTES).collect()),
+    }
+}
+
+impl<S: Store> Engine<S> {
+    /// Records how an `active` attempt ended.
+    pub fn complete(&self, c: &Completion, now_ms: i64) -> Result<CompletionAnswer, StoreError> {
+        let policy = self.active_policy();
+        self.transaction(|tx| self.complete_in(tx, &policy, c, now_ms))
+    }
+
+    /// Resolves an `unknown` outcome; releases its slot.
+    pub fn reconcile(&self, r: &Reconciliation, now_ms: i64) -> Result<CompletionAnswer, StoreError> {
+        self.transaction(|tx| {
+            let Some(mut op) = tx.operation(&r.tenant, &r.key)? else {
+                return Ok(CompletionAnswer::error("unknown_operation"));
+            };
+            if op.state != OpState::Unknown {
+                return Ok(CompletionAnswer::error("not_unknown"));
+            }
+            self.finish_attempt(tx, &mut op, r.usage, now_ms)?;
+            op.state = match r.resolution {
+                CallResult::Succeeded => OpState::Succeeded,
+                // Work that went through the unknown region is never retried automatically.
+                _ => OpState::FailedFinal,
+            };
+            if r.result_ref.is_some() {
+                op.result_ref = r.result_ref.clone();
+            }
+            tx.put_operation(&op)?;
+            Ok(CompletionAnswer { ok: true, error: None, retry: None, state: Some(op.state) })
+        })
+    }
+
+    fn complete_in(&self, tx: &mut dyn Tx, policy: &LoadedPolicy, c: &Completion, now_ms: i64) -> Result<CompletionAnswer, StoreError> {
+        let Some(mut op) = tx.operation(&c.tenant, &c.key)? else {
+            return Ok(CompletionAnswer::error("unknown_operation"));
+        };
+        if op.state != OpState::Active {
+            // Repeating the completion that ended the latest attempt changes nothing.
+            return Ok(if op.last_result == Some(c.result) {
+                CompletionAnswer::done(&op)
+            } else {
+                CompletionAnswer::error("not_active")
+            });
+        }
+        if c.result_ref.is_some() {
+            op.result_ref = c.result_ref.clone();
+        }
+        op.last_result = Some(c.result);
+        match c.result {
+            CallResult::Succeeded => {
+                self.finish_attempt(tx, &mut op, c.usage, now_ms)?;
+                op.state = OpState::Succeeded;
+                op.last_retry = None;
+            }
+            CallResult::Unknown => {
+                // The provider may still be working: the slot and the tokens stay held.
+                op.state = OpState::Unknown;
+                op.last_retry = Some(give_up("unknown_outcome"));
+            }
+            CallResult::Failed => {
+                self.finish_attempt(tx, &mut op, c.usage, now_ms)?;
+                let verdict = self.retry_verdict(tx, policy, &op, c, now_ms)?;
+                op.policy_digest = policy.digest.to_string();
+                match (verdict.eligible, verdict.not_before_ms) {
+                    (true, Some(not_before)) => {
+                        op.not_before_ms = Some(not_before);
+                        match op.route {
+                            Route::Interactive => op.state = OpState::RetryPending,
+                            Route::Durable => {
+                                // Back to the tail of its queue, waiting for `not_before`.
+                                op.state = OpState::Queued;
+                                tx.enqueue(&QueuedJob {
+                                    tenant: op.tenant.clone(),
+                                    key: op.key.clone(),
+                                    tokens: op.reserved_tokens,
+                                    not_before_ms: not_before,
+                                    expire_at_ms: super::admission::expire_at(op.deadline_ms, op.estimated_exec_ms),
+                                })?;
+                            }
+                        }
+                    }
+                    _ => op.state = OpState::FailedFinal,
+                }
+                op.last_retry = Some(verdict);
+            }
+        }
+        tx.put_operation(&op)?;
+        Ok(CompletionAnswer::done(&op))
+    }
+
+    /// Asks the policy whether a failed attempt may be retried. A fault gives up (fails
+    /// closed); a retry time in the past is moved to now.
+    fn retry_verdict(&self, tx: &mut dyn Tx, policy: &LoadedPolicy, op: &Operation, c: &Completion, now_ms: i64) -> Result<RetryVerdict, StoreError> {
+        let report = runtime::FailureReport {
+            tenant: op.tenant.clone(),
+            key: op.key.clone(),
+            route: match op.route {
+                Route::Interactive => runtime::Route::Interactive,
+                Route::Durable => runtime::Route::Durable,
+            },
+            attempt: op.attempt,
+            failure: c.failure.as_deref().map(failure_kind),
+            provider_retry_after_ms: c.provider_retry_after_ms,
+            deadline_ms: op.deadline_ms,
+            max_output_tokens: op.max_output_tokens,
+            optional_context_tokens: op.optional_context_tokens,
+            input_tokens: op.input_tokens,
+        };
+        let view = self.view(tx, &op.tenant, &op.key, op.attempt, now_ms)?;
+        Ok(match policy.on_failure(view, &report) {
+            Err(_) => give_up("policy_error"),
+            Ok(RetryDecision::Retry(not_before)) => RetryVerdict {
+                eligible: true,
+                reason: None,
+                not_before_ms: Some(not_before.max(now_ms)),
+            },
+            Ok(RetryDecision::GiveUp(r)) => give_up(match r {
+                GiveUpReason::UnknownOutcome => "unknown_outcome",
+                GiveUpReason::NotRetryable => "not_retryable",
+                GiveUpReason::AttemptsExhausted => "attempts_exhausted",
+                GiveUpReason::DeadlineExceeded => "deadline_exceeded",
+            }),
+        })
+    }
+
+    /// Ends an attempt whose termination is known: releases what it holds (once) and
+    /// refunds unused tokens when configured and usage is reported.
+    fn finish_attempt(&self, tx: &mut dyn Tx, op: &mut Operation, usage: Option<Usage>, now_ms: i64) -> Result<(), StoreError> {
+        if op.holds_slot {
+            release_slot(tx, "global")?;
+            op.holds_slot = false;
+        }
+        if op.holds_tenant_slot {
+            release_slot(tx, &format!("tenant.{}", op.tenant))?;
+            op.holds_tenant_slot = false;
+        }
+        if op.tokens_reserved {
+            op.tokens_reserved = false;
+            if let (true, Some(u), Some(t)) =
+                (self.config.refund_unused_tokens, usage, self.config.tenant(&op.tenant))
+            {
+                let used = u.input_tokens.saturating_add(u.output_tokens);
+                let unused = op.reserved_tokens.saturating_sub(used);
+                if unused > 0 {
+                    Budgets::tenant_tokens(&op.tenant, t).refund(tx, unused, now_ms)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}

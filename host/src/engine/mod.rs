@@ -1,0 +1,196 @@
+//! The engine: admission, completion, dispatch and policy activation over a [`Store`] and a
+//! policy, with time always passed in (`now_ms`), never read behind the caller's back.
+//!
+//! Each public operation is one store transaction. The policy decides inside it from a
+//! snapshot; the host checks the plan and executes it, so a wrong policy cannot break an
+//! invariant.
+
+mod admission;
+mod budgets;
+mod completion;
+mod dispatch;
+mod swap;
+
+pub use admission::Decision;
+pub use completion::{Completion, CompletionAnswer, Reconciliation};
+pub use dispatch::{Claim, DispatchAnswer, DispatchReason};
+pub use swap::{PolicyIdentity, SwapError};
+
+use crate::config::Config;
+use crate::model::{JobRef, OpState, Operation};
+use crate::runtime::{DecisionView, Jitter, LoadedPolicy, Runtime};
+use crate::store::{Store, StoreError, Tx};
+use budgets::Budgets;
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, RwLock};
+
+/// The active policy and the one before it (for rollback).
+struct Policies {
+    active: Arc<LoadedPolicy>,
+    previous: Option<Arc<LoadedPolicy>>,
+}
+
+/// Admission control and fair dispatch over one store.
+pub struct Engine<S: Store> {
+    config: Config,
+    params: Arc<BTreeMap<String, f64>>,
+    runtime: Runtime,
+    store: Mutex<S>,
+    policies: RwLock<Policies>,
+}
+
+/// What `inspect` shows (SPEC.md section 9).
+#[derive(Clone, Debug, Serialize)]
+pub struct Inspection {
+    pub buckets: BTreeMap<String, i64>,
+    pub slots: BTreeMap<String, u32>,
+    pub queues: BTreeMap<String, u32>,
+    pub operations: Vec<OperationView>,
+    pub downstream_available: bool,
+    pub policy: PolicyIdentity,
+}
+
+/// One operation as `inspect` and `tollgate ops` show it.
+#[derive(Clone, Debug, Serialize)]
+pub struct OperationView {
+    pub tenant: String,
+    pub key: String,
+    pub state: OpState,
+    pub attempt: u32,
+    pub reserved_tokens: u64,
+    pub degraded: bool,
+    pub result_ref: Option<String>,
+    /// The content hash of the policy that made the latest decision on it.
+    pub policy: String,
+}
+
+impl OperationView {
+    fn of(op: &Operation) -> Self {
+        OperationView {
+            tenant: op.tenant.clone(),
+            key: op.key.clone(),
+            state: op.state,
+            attempt: op.attempt,
+            reserved_tokens: op.reserved_tokens,
+            degraded: op.degraded,
+            result_ref: op.result_ref.clone(),
+            policy: op.policy_digest.clone(),
+        }
+    }
+}
+
+const DOWNSTREAM: &str = "downstream_available";
+
+impl<S: Store> Engine<S> {
+    /// An engine on `store`, deciding with `policy` (already loaded and checked).
+    pub fn new(config: Config, store: S, runtime: Runtime, policy: Arc<LoadedPolicy>) -> Self {
+        let params = Arc::new(config.policy_params.clone());
+        Engine {
+            config,
+            params,
+            runtime,
+            store: Mutex::new(store),
+            policies: RwLock::new(Policies { active: policy, previous: None }),
+        }
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The policy new decisions use. A decision holds this `Arc` for its whole run, so a
+    /// swap meanwhile cannot change the version it decides with.
+    pub fn active_policy(&self) -> Arc<LoadedPolicy> {
+        self.policies.read().unwrap_or_else(|e| e.into_inner()).active.clone()
+    }
+
+    fn transaction<T>(&self, f: impl FnOnce(&mut dyn Tx) -> Result<T, StoreError>) -> Result<T, StoreError> {
+        let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
+        store.transaction(f)
+    }
+
+    /// Marks the downstream provider available or not; while it is not, nothing is claimed
+    /// and interactive admissions are refused.
+    pub fn set_downstream(&self, available: bool) -> Result<(), StoreError> {
+        self.transaction(|tx| tx.set_meta(DOWNSTREAM, if available { "1" } else { "0" }))
+    }
+
+    /// The state of every budget, slot, queue and operation at `now_ms`.
+    pub fn inspect(&self, now_ms: i64) -> Result<Inspection, StoreError> {
+        let policy = PolicyIdentity::of(&self.active_policy());
+        self.transaction(|tx| {
+            let mut buckets = BTreeMap::new();
+            let mut slots = BTreeMap::new();
+            let mut queues = BTreeMap::new();
+            let global = Budgets::global_requests(&self.config);
+            buckets.insert(global.name.clone(), global.level(tx, now_ms)?.whole_credits());
+            slots.insert("global".to_string(), tx.slots_in_use("global")?);
+            for (name, tenant) in &self.config.tenants {
+                for b in [Budgets::tenant_requests(name, tenant), Budgets::tenant_tokens(name, tenant)] {
+                    buckets.insert(b.name.clone(), b.level(tx, now_ms)?.whole_credits());
+                }
+                if tenant.concurrency.is_some() {
+                    let scope = format!("tenant.{name}");
+                    slots.insert(scope.clone(), tx.slots_in_use(&scope)?);
+                }
+                queues.insert(name.clone(), tx.queue_depth(name)?);
+            }
+            let operations = tx.operations()?.iter().map(OperationView::of).collect();
+            let downstream_available = downstream_available(tx)?;
+            Ok(Inspection { buckets, slots, queues, operations, downstream_available, policy })
+        })
+    }
+
+    /// One operation of one tenant, if it exists.
+    pub fn operation(&self, tenant: &str, key: &str) -> Result<Option<OperationView>, StoreError> {
+        self.transaction(|tx| Ok(tx.operation(tenant, key)?.as_ref().map(OperationView::of)))
+    }
+
+    /// Queue depth per configured tenant.
+    pub fn queue_depths(&self) -> Result<BTreeMap<String, u32>, StoreError> {
+        self.transaction(|tx| {
+            let mut out = BTreeMap::new();
+            for name in self.config.tenants.keys() {
+                out.insert(name.clone(), tx.queue_depth(name)?);
+            }
+            Ok(out)
+        })
+    }
+
+    /// The snapshot a policy decides from, for one tenant at `now_ms`.
+    fn view(&self, tx: &mut dyn Tx, tenant: &str, key: &str, attempt: u32, now_ms: i64) -> Result<DecisionView, StoreError> {
+        let jitter = Jitter::new(self.config.seed, tenant, key, attempt);
+        let Some(t) = self.config.tenant(tenant) else {
+            // An operation stored under a tenant no longer configured: nothing to read.
+            let mut view = DecisionView::scratch(self.params.clone());
+            (view.now_ms, view.jitter) = (now_ms, jitter);
+            (view.global_requests, view.tenant_requests, view.tenant_tokens) = (None, None, None);
+            (view.global_slots, view.tenant_slots) = (None, None);
+            return Ok(view);
+        };
+        let budgets = Budgets::for_tenant(&self.config, tenant, t);
+        Ok(DecisionView {
+            now_ms,
+            params: self.params.clone(),
+            weight: t.weight,
+            global_requests: Some(budgets.global_requests.bucket_level(tx, now_ms)?),
+            tenant_requests: Some(budgets.tenant_requests.bucket_level(tx, now_ms)?),
+            tenant_tokens: Some(budgets.tenant_tokens.bucket_level(tx, now_ms)?),
+            global_slots: Some(budgets.global_slots.level(tx)?),
+            tenant_slots: match &budgets.tenant_slots {
+                Some(s) => Some(s.level(tx)?),
+                None => None,
+            },
+            jitter,
+        })
+    }
+}
+
+fn downstream_available(tx: &mut dyn Tx) -> Result<bool, StoreError> {
+    Ok(tx.meta(DOWNSTREAM)?.as_deref() != Some("0"))
+}
+
+fn job_ref(tenant: &str, key: &str) -> JobRef {
+    JobRef { tenant: tenant.to_string(), key: key.to_string() }
+}

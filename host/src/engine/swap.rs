@@ -1,0 +1,94 @@
+//! Policy activation: a candidate is compiled, checked against the world, self-checked and
+//! given a few smoke decisions in a scratch in-memory store before one atomic switch.
+//! The previous version stays loaded for rollback.
+
+use super::{Engine, Policies};
+use crate::reason::Reason;
+use crate::runtime::{DecisionView, LoadError, LoadedPolicy};
+use crate::store::{SqliteStore, Store, StoreError};
+use serde::Serialize;
+use std::sync::Arc;
+
+/// A loaded policy's identity: what it says it is, and its content hash.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct PolicyIdentity {
+    pub name: String,
+    pub version: String,
+    pub sha256: String,
+}
+
+impl PolicyIdentity {
+    pub fn of(p: &LoadedPolicy) -> Self {
+        PolicyIdentity { name: p.info.name.clone(), version: p.info.version.clone(), sha256: p.digest.to_string() }
+    }
+}
+
+/// Why a candidate policy was refused; the active policy is unchanged.
+#[derive(Debug, thiserror::Error)]
+pub enum SwapError {
+    #[error(transparent)]
+    Load(#[from] LoadError),
+    #[error("policy failed its smoke decisions: {0}")]
+    Smoke(String),
+    #[error("no previous policy to roll back to")]
+    NoPrevious,
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl<S: Store> Engine<S> {
+    /// Checks a candidate policy as the engine would use it, without touching this engine's
+    /// state: the world, its self-check, and smoke decisions in a scratch in-memory store.
+    pub fn check_candidate(&self, bytes: &[u8]) -> Result<Arc<LoadedPolicy>, SwapError> {
+        let candidate = self.runtime.load(bytes, self.config.max_policy_bytes)?;
+        match candidate.self_check(DecisionView::scratch(self.params.clone())) {
+            Err(fault) => return Err(LoadError::Fault(fault).into()),
+            Ok(Err(message)) => return Err(LoadError::SelfCheck(message).into()),
+            Ok(Ok(())) => {}
+        }
+        let candidate = Arc::new(candidate);
+        if let Some(tenant) = self.config.tenants.keys().next() {
+            let scratch = Engine::new(self.config.clone(), SqliteStore::in_memory()?, self.runtime.clone(), candidate.clone());
+            let request = serde_json::json!({
+                "tenant": tenant, "key": "tollgate-smoke", "route": "interactive",
+                "input_tokens": 1, "max_output_tokens": 1, "deadline_ms": 3_600_000
+            });
+            let decision = scratch.admit(&request, 0)?;
+            if decision.reason == Some(Reason::PolicyError) {
+                return Err(SwapError::Smoke("an ordinary admission faulted or broke the plan contract".into()));
+            }
+        }
+        Ok(candidate)
+    }
+
+    /// Validates `bytes` as a policy and, if it passes, makes it the active policy atomically.
+    /// Decisions already running finish on the version they started with.
+    pub fn swap_policy(&self, bytes: &[u8]) -> Result<PolicyIdentity, SwapError> {
+        let candidate = self.check_candidate(bytes)?;
+        Ok(self.activate(candidate))
+    }
+
+    /// Makes an already-checked policy active; the one it replaces is kept for rollback.
+    pub fn activate(&self, policy: Arc<LoadedPolicy>) -> PolicyIdentity {
+        let identity = PolicyIdentity::of(&policy);
+        let mut p = self.policies.write().unwrap_or_else(|e| e.into_inner());
+        let old = std::mem::replace(&mut p.active, policy);
+        p.previous = Some(old);
+        identity
+    }
+
+    /// Switches back to the previous policy (and keeps the current one as the new previous).
+    pub fn rollback(&self) -> Result<PolicyIdentity, SwapError> {
+        let mut guard = self.policies.write().unwrap_or_else(|e| e.into_inner());
+        let p: &mut Policies = &mut guard;
+        let previous = p.previous.take().ok_or(SwapError::NoPrevious)?;
+        let current = std::mem::replace(&mut p.active, previous);
+        p.previous = Some(current);
+        Ok(PolicyIdentity::of(&p.active))
+    }
+
+    /// The active policy's identity.
+    pub fn policy_identity(&self) -> PolicyIdentity {
+        PolicyIdentity::of(&self.active_policy())
+    }
+}

@@ -1,0 +1,21 @@
+//! tollgate: admission control and fair scheduling for expensive provider calls.
+//!
+//! The map, top-down:
+//! - [`runtime`]: wasmtime, limits, policy digests; policies as sandboxed components.
+//! - [`store`]: the narrow storage interface and its SQLite backend.
+//! - [`engine`]: admission, completion, dispatch and policy activation over a store.
+//! - [`bucket`]: token-bucket arithmetic, pure and clock-free.
+//! - [`config`], [`validate`], [`model`], [`reason`]: the vocabulary.
+//! - [`scenario`]: the conformance runner for scenario files.
+
+pub mod bucket;
+pub mod config;
+pub mod engine;
+pub mod model;
+pub mod reason;
+pub mod runtime;
+pub mod scenario;
+pub mod store;
+pub mod validate;
+
+pub use engine::Engine;

@@ -1,0 +1,105 @@
+//! Outcomes and refusal reasons, with their HTTP mapping (SPEC.md section 3).
+
+use serde::{Deserialize, Serialize};
+
+/// What an admission answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// A fresh acceptance: the one answer that authorises a provider call.
+    Accepted,
+    /// Durable acceptance into the tenant's queue (not completion).
+    Queued,
+    DuplicateCompleted,
+    DuplicateActive,
+    Conflict,
+    Rejected,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Accepted => "accepted",
+            Outcome::Queued => "queued",
+            Outcome::DuplicateCompleted => "duplicate_completed",
+            Outcome::DuplicateActive => "duplicate_active",
+            Outcome::Conflict => "conflict",
+            Outcome::Rejected => "rejected",
+        }
+    }
+}
+
+/// Why an admission was refused. A bounded set: policies choose from it, never free text.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reason {
+    InvalidRequest,
+    UnknownTenant,
+    TooLarge,
+    TenantRate,
+    TokenBudget,
+    TenantConcurrency,
+    QueueFull,
+    RetryTooEarly,
+    GlobalRate,
+    GlobalConcurrency,
+    Overloaded,
+    DownstreamUnavailable,
+    PolicyError,
+    DeadlineExceeded,
+    UnknownOutcomePending,
+}
+
+impl Reason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::InvalidRequest => "invalid_request",
+            Reason::UnknownTenant => "unknown_tenant",
+            Reason::TooLarge => "too_large",
+            Reason::TenantRate => "tenant_rate",
+            Reason::TokenBudget => "token_budget",
+            Reason::TenantConcurrency => "tenant_concurrency",
+            Reason::QueueFull => "queue_full",
+            Reason::RetryTooEarly => "retry_too_early",
+            Reason::GlobalRate => "global_rate",
+            Reason::GlobalConcurrency => "global_concurrency",
+            Reason::Overloaded => "overloaded",
+            Reason::DownstreamUnavailable => "downstream_unavailable",
+            Reason::PolicyError => "policy_error",
+            Reason::DeadlineExceeded => "deadline_exceeded",
+            Reason::UnknownOutcomePending => "unknown_outcome_pending",
+        }
+    }
+
+    /// The HTTP status of a refusal for this reason.
+    pub fn http(self) -> u16 {
+        match self {
+            Reason::InvalidRequest => 400,
+            Reason::UnknownTenant => 401,
+            Reason::TooLarge => 413,
+            Reason::TenantRate
+            | Reason::TokenBudget
+            | Reason::TenantConcurrency
+            | Reason::QueueFull
+            | Reason::RetryTooEarly => 429,
+            Reason::GlobalRate
+            | Reason::GlobalConcurrency
+            | Reason::Overloaded
+            | Reason::DownstreamUnavailable
+            | Reason::PolicyError => 503,
+            Reason::DeadlineExceeded => 504,
+            Reason::UnknownOutcomePending => 409,
+        }
+    }
+}
+
+/// The HTTP status of a non-refusal outcome.
+pub fn outcome_http(outcome: Outcome) -> u16 {
+    match outcome {
+        Outcome::Accepted | Outcome::DuplicateCompleted => 200,
+        Outcome::Queued => 202,
+        Outcome::DuplicateActive => 409,
+        Outcome::Conflict => 422,
+        Outcome::Rejected => 400,
+    }
+}

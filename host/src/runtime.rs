@@ -1,0 +1,342 @@
+//! The wasmtime embedding: one [`wasmtime::Engine`], each component compiled once, and a
+//! fresh, limited `Store` and instance for every decision, so that no decision can see state
+//! another left in guest memory and a faulted instance is never reused.
+
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+use wasmtime::component::{Component, HasSelf, Linker};
+use wasmtime::{Engine, Store, StoreLimits, StoreLimitsBuilder};
+
+mod bindings {
+    wasmtime::component::bindgen!({
+        path: "../wit",
+        world: "policy",
+    });
+}
+
+pub use bindings::tollgate::policy::types::{
+    Admission, BucketKind, BucketLevel, Failure, FailureReport, GiveUpReason, Plan, PolicyInfo,
+    Refusal, RefusalReason, Request, RetryDecision, Route, SlotLevel, SlotScope,
+};
+use bindings::{Policy, PolicyPre};
+
+/// Fuel for one guest call. A call that runs out traps; about 2 ms of guest work on the
+/// reference machine (measured by `runtime::tests::spin_is_stopped`), far above the few
+/// thousand units a standard decision uses.
+pub const FUEL_PER_CALL: u64 = 20_000_000;
+/// Linear memory one decision may grow to.
+pub const MEMORY_PER_CALL: usize = 32 << 20;
+
+/// The SHA-256 of a policy component, recorded with every decision it makes.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PolicyDigest(pub [u8; 32]);
+
+impl PolicyDigest {
+    pub fn of(bytes: &[u8]) -> Self {
+        PolicyDigest(Sha256::digest(bytes).into())
+    }
+}
+
+impl fmt::Display for PolicyDigest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for b in self.0 {
+            write!(f, "{b:02x}")?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for PolicyDigest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "PolicyDigest({self})")
+    }
+}
+
+/// A policy that could not be loaded, with what is wrong.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("policy is {size} bytes, over the limit of {limit}")]
+    TooBig { size: usize, limit: u64 },
+    #[error("not a valid component: {0}")]
+    Compile(String),
+    #[error("component does not satisfy the world tollgate:policy/policy@0.1.0: {0}")]
+    World(String),
+    #[error("policy self-check failed: {0}")]
+    SelfCheck(String),
+    #[error("policy faulted while being checked: {0}")]
+    Fault(PolicyFault),
+}
+
+/// A guest call that trapped, ran out of fuel or memory, or broke the contract.
+#[derive(Clone, Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct PolicyFault(pub String);
+
+/// A deterministic generator for jitter: SplitMix64 over a seed of the decision's identity.
+#[derive(Clone, Debug)]
+pub struct Jitter(u64);
+
+impl Jitter {
+    /// Seeded from the configuration seed, the tenant, the key and the attempt.
+    pub fn new(seed: u64, tenant: &str, key: &str, attempt: u32) -> Self {
+        let mut h = Sha256::new();
+        h.update(seed.to_le_bytes());
+        h.update((tenant.len() as u64).to_le_bytes());
+        h.update(tenant.as_bytes());
+        h.update(key.as_bytes());
+        h.update(attempt.to_le_bytes());
+        let d = h.finalize();
+        Jitter(u64::from_le_bytes(d[..8].try_into().unwrap()))
+    }
+
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `[0, upper]`, without modulo bias.
+    pub fn below_inclusive(&mut self, upper: u64) -> u64 {
+        if upper == u64::MAX {
+            return self.next();
+        }
+        let span = upper + 1;
+        let zone = u64::MAX - (u64::MAX % span);
+        loop {
+            let x = self.next();
+            if x < zone {
+                return x % span;
+            }
+        }
+    }
+}
+
+/// What a policy may read during one decision: a snapshot taken inside the transaction.
+#[derive(Clone, Debug)]
+pub struct DecisionView {
+    pub now_ms: i64,
+    pub params: Arc<BTreeMap<String, f64>>,
+    pub weight: u32,
+    pub global_requests: Option<BucketLevel>,
+    pub tenant_requests: Option<BucketLevel>,
+    pub tenant_tokens: Option<BucketLevel>,
+    pub global_slots: Option<SlotLevel>,
+    pub tenant_slots: Option<SlotLevel>,
+    pub jitter: Jitter,
+}
+
+impl DecisionView {
+    /// A view with nothing in use and full buckets, for self-checks and smoke decisions.
+    pub fn scratch(params: Arc<BTreeMap<String, f64>>) -> Self {
+        let bucket = Some(BucketLevel { available: 1000, capacity: 1000, refill_per_s: 1.0 });
+        DecisionView {
+            now_ms: 0,
+            params,
+            weight: 1,
+            global_requests: bucket,
+            tenant_requests: bucket,
+            tenant_tokens: Some(BucketLevel { available: 100_000, capacity: 100_000, refill_per_s: 1000.0 }),
+            global_slots: Some(SlotLevel { in_use: 0, limit: 8 }),
+            tenant_slots: None,
+            jitter: Jitter(0),
+        }
+    }
+}
+
+/// The per-decision store data.
+struct HostState {
+    view: DecisionView,
+    limits: StoreLimits,
+}
+
+impl bindings::tollgate::policy::types::Host for HostState {}
+
+impl bindings::tollgate::policy::host::Host for HostState {
+    fn now_ms(&mut self) -> i64 {
+        self.view.now_ms
+    }
+
+    fn param(&mut self, name: String) -> Option<f64> {
+        self.view.params.get(&name).copied()
+    }
+
+    fn tenant_weight(&mut self) -> u32 {
+        self.view.weight
+    }
+
+    fn bucket(&mut self, kind: BucketKind) -> Option<BucketLevel> {
+        match kind {
+            BucketKind::GlobalRequests => self.view.global_requests,
+            BucketKind::TenantRequests => self.view.tenant_requests,
+            BucketKind::TenantTokens => self.view.tenant_tokens,
+        }
+    }
+
+    fn slots(&mut self, scope: SlotScope) -> Option<SlotLevel> {
+        match scope {
+            SlotScope::Global => self.view.global_slots,
+            SlotScope::Tenant => self.view.tenant_slots,
+        }
+    }
+
+    fn random(&mut self, upper: u64) -> u64 {
+        self.view.jitter.below_inclusive(upper)
+    }
+}
+
+/// The one wasmtime engine of the process and the linker holding the host imports.
+#[derive(Clone)]
+pub struct Runtime {
+    engine: Engine,
+    linker: Arc<Linker<HostState>>,
+}
+
+impl Runtime {
+    pub fn new() -> wasmtime::Result<Self> {
+        let mut config = wasmtime::Config::new();
+        config.consume_fuel(true);
+        // Policies are small; a modest reservation keeps fresh instances cheap to map.
+        config.memory_reservation(MEMORY_PER_CALL as u64 * 2);
+        config.memory_guard_size(64 << 10);
+        let engine = Engine::new(&config)?;
+        let mut linker = Linker::new(&engine);
+        Policy::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
+        Ok(Runtime { engine, linker: Arc::new(linker) })
+    }
+
+    /// Compiles a component, checks it against the world, and asks it to describe itself.
+    /// The self-check is separate: see [`LoadedPolicy::self_check`].
+    pub fn load(&self, bytes: &[u8], max_bytes: u64) -> Result<LoadedPolicy, LoadError> {
+        if bytes.len() as u64 > max_bytes {
+            return Err(LoadError::TooBig { size: bytes.len(), limit: max_bytes });
+        }
+        let component =
+            Component::new(&self.engine, bytes).map_err(|e| LoadError::Compile(format!("{e:#}")))?;
+        let instance_pre = self
+            .linker
+            .instantiate_pre(&component)
+            .map_err(|e| LoadError::World(format!("{e:#}")))?;
+        let pre = PolicyPre::new(instance_pre).map_err(|e| LoadError::World(format!("{e:#}")))?;
+        let mut policy = LoadedPolicy {
+            digest: PolicyDigest::of(bytes),
+            info: PolicyInfo { name: String::new(), version: String::new() },
+            pre,
+        };
+        let view = DecisionView::scratch(Arc::new(BTreeMap::new()));
+        let info = policy.call(view, |p, s| p.tollgate_policy_decide().call_describe(s)).map_err(LoadError::Fault)?;
+        if info.name.is_empty() || info.name.len() > 128 || info.version.len() > 128 {
+            return Err(LoadError::World("describe must give a name of 1 to 128 bytes and a version of at most 128".into()));
+        }
+        policy.info = info;
+        Ok(policy)
+    }
+}
+
+/// A compiled, world-checked policy, ready to instantiate cheaply for each decision.
+pub struct LoadedPolicy {
+    pub digest: PolicyDigest,
+    pub info: PolicyInfo,
+    pre: PolicyPre<HostState>,
+}
+
+impl fmt::Debug for LoadedPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {} ({})", self.info.name, self.info.version, self.digest)
+    }
+}
+
+impl LoadedPolicy {
+    /// Runs one guest call in a fresh instance with fuel and memory limits.
+    fn call<T>(
+        &self,
+        view: DecisionView,
+        f: impl FnOnce(&Policy, &mut Store<HostState>) -> wasmtime::Result<T>,
+    ) -> Result<T, PolicyFault> {
+        let limits = StoreLimitsBuilder::new()
+            .memory_size(MEMORY_PER_CALL)
+            .instances(4)
+            .tables(8)
+            .memories(2)
+            .trap_on_grow_failure(true)
+            .build();
+        let mut store = Store::new(self.pre.engine(), HostState { view, limits });
+        store.limiter(|s| &mut s.limits);
+        store.set_fuel(FUEL_PER_CALL).map_err(|e| PolicyFault(format!("{e:#}")))?;
+        let instance = self.pre.instantiate(&mut store).map_err(|e| PolicyFault(format!("instantiation: {e:#}")))?;
+        f(&instance, &mut store).map_err(|e| PolicyFault(format!("{e:#}")))
+    }
+
+    pub fn admit(&self, view: DecisionView, req: &Request) -> Result<Admission, PolicyFault> {
+        self.call(view, |p, s| p.tollgate_policy_decide().call_admit(s, req))
+    }
+
+    pub fn on_failure(&self, view: DecisionView, report: &FailureReport) -> Result<RetryDecision, PolicyFault> {
+        self.call(view, |p, s| p.tollgate_policy_decide().call_on_failure(s, report))
+    }
+
+    pub fn self_check(&self, view: DecisionView) -> Result<Result<(), String>, PolicyFault> {
+        self.call(view, |p, s| p.tollgate_policy_decide().call_self_check(s))
+    }
+}
+
+/// The policy components built from `policies/`, by name.
+pub mod builtin {
+    include!(concat!(env!("OUT_DIR"), "/policies.rs"));
+
+    /// The bytes of a built-in policy.
+    pub fn get(name: &str) -> Option<&'static [u8]> {
+        BUILTIN.iter().find(|(n, _)| *n == name).map(|(_, b)| *b)
+    }
+
+    /// The names of the built-in policies.
+    pub fn names() -> impl Iterator<Item = &'static str> {
+        BUILTIN.iter().map(|(n, _)| *n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jitter_is_deterministic_and_bounded() {
+        let mut a = Jitter::new(7, "acme", "k1", 1);
+        let mut b = Jitter::new(7, "acme", "k1", 1);
+        let mut c = Jitter::new(7, "acme", "k1", 2);
+        let xs: Vec<u64> = (0..50).map(|_| a.below_inclusive(100)).collect();
+        let ys: Vec<u64> = (0..50).map(|_| b.below_inclusive(100)).collect();
+        let zs: Vec<u64> = (0..50).map(|_| c.below_inclusive(100)).collect();
+        assert_eq!(xs, ys);
+        assert_ne!(xs, zs);
+        assert!(xs.iter().all(|&x| x <= 100));
+        assert_eq!(Jitter::new(1, "t", "k", 1).below_inclusive(0), 0);
+    }
+
+    #[test]
+    fn broken_policy_is_refused_with_what_is_missing() {
+        let rt = Runtime::new().unwrap();
+        let err = rt.load(builtin::get("broken").unwrap(), u64::MAX).unwrap_err();
+        let text = err.to_string();
+        assert!(matches!(err, LoadError::World(_)), "{text}");
+        assert!(text.contains("tollgate:policy/decide"), "{text}");
+    }
+
+    #[test]
+    fn not_a_component_is_refused() {
+        let rt = Runtime::new().unwrap();
+        assert!(matches!(rt.load(b"\0asm garbage", u64::MAX), Err(LoadError::Compile(_))));
+        assert!(matches!(rt.load(&[0u8; 100], 10), Err(LoadError::TooBig { .. })));
+    }
+
+    #[test]
+    fn standard_policy_describes_itself() {
+        let rt = Runtime::new().unwrap();
+        let p = rt.load(builtin::get("standard").unwrap(), u64::MAX).unwrap();
+        assert_eq!(p.info.name, "standard");
+        assert_eq!(p.digest, PolicyDigest::of(builtin::get("standard").unwrap()));
+    }
+}

@@ -1,0 +1,80 @@
+//! The store: where buckets, slots, operations and queues live, behind a narrow interface so
+//! that the engine never names a database and another backend can be added beside SQLite.
+//!
+//! The engine does all of one admission, completion or dispatch inside one
+//! [`Store::transaction`]: it reads rows, decides, and writes rows; the store makes that
+//! all-or-nothing.
+
+pub mod sqlite;
+
+use crate::bucket;
+use crate::model::Operation;
+
+pub use sqlite::SqliteStore;
+
+/// A failure of the store itself (I/O, corruption, a schema from the future).
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("database: {0}")]
+    Database(#[from] rusqlite::Error),
+    #[error("stored record is unreadable: {0}")]
+    Record(#[from] serde_json::Error),
+    #[error("{0}")]
+    Schema(String),
+}
+
+/// A queued durable job: metadata only, never a body.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QueuedJob {
+    pub tenant: String,
+    pub key: String,
+    /// Tokens to reserve at dispatch.
+    pub tokens: u64,
+    /// Not claimable before this logical time (retries wait here).
+    pub not_before_ms: i64,
+    /// From this logical time on the job can no longer meet its deadline.
+    pub expire_at_ms: i64,
+}
+
+/// A backend that runs write transactions.
+pub trait Store: Send {
+    /// Runs `f` in one write transaction: committed when it returns `Ok`, rolled back otherwise.
+    fn transaction<T, E>(&mut self, f: impl FnOnce(&mut dyn Tx) -> Result<T, E>) -> Result<T, E>
+    where
+        E: From<StoreError>;
+}
+
+/// The reads and writes of one transaction. Missing rows read as absent, never as errors.
+pub trait Tx {
+    fn bucket(&mut self, name: &str) -> Result<Option<bucket::State>, StoreError>;
+    fn set_bucket(&mut self, name: &str, state: bucket::State) -> Result<(), StoreError>;
+
+    fn slots_in_use(&mut self, scope: &str) -> Result<u32, StoreError>;
+    fn set_slots_in_use(&mut self, scope: &str, in_use: u32) -> Result<(), StoreError>;
+
+    fn operation(&mut self, tenant: &str, key: &str) -> Result<Option<Operation>, StoreError>;
+    fn put_operation(&mut self, op: &Operation) -> Result<(), StoreError>;
+    /// Every operation, ordered by tenant and key (for `inspect`).
+    fn operations(&mut self) -> Result<Vec<Operation>, StoreError>;
+    /// Claims by `worker` whose outcome is not yet known to be final (`active` or `unknown`).
+    fn unfinished_claims(&mut self, worker: &str) -> Result<u32, StoreError>;
+
+    /// A small named value (downstream availability, scheduler position).
+    fn meta(&mut self, name: &str) -> Result<Option<String>, StoreError>;
+    fn set_meta(&mut self, name: &str, value: &str) -> Result<(), StoreError>;
+
+    /// Appends a job at the tail of its tenant's queue.
+    fn enqueue(&mut self, job: &QueuedJob) -> Result<(), StoreError>;
+    /// Removes a job from its tenant's queue (claimed or expired).
+    fn dequeue(&mut self, tenant: &str, key: &str) -> Result<(), StoreError>;
+    fn queue_depth(&mut self, tenant: &str) -> Result<u32, StoreError>;
+    /// The oldest job of `tenant` that may be claimed at `now_ms`.
+    fn ready_head(&mut self, tenant: &str, now_ms: i64) -> Result<Option<QueuedJob>, StoreError>;
+    /// The first tenant by name strictly after `after` (or the first at all) with queued jobs.
+    fn next_backlogged(&mut self, after: Option<&str>) -> Result<Option<String>, StoreError>;
+    /// Queued jobs that can no longer meet their deadline at `now_ms`, oldest first.
+    fn infeasible(&mut self, now_ms: i64) -> Result<Vec<QueuedJob>, StoreError>;
+    /// A tenant's deficit-round-robin credit, in tokens.
+    fn deficit(&mut self, tenant: &str) -> Result<u64, StoreError>;
+    fn set_deficit(&mut self, tenant: &str, deficit: u64) -> Result<(), StoreError>;
+}

@@ -1,0 +1,256 @@
+//! The embedded SQLite store: one file in WAL mode (or memory), every transaction
+//! `BEGIN IMMEDIATE`, the schema created and versioned by the host.
+
+use super::{QueuedJob, Store, StoreError, Tx};
+use crate::bucket;
+use crate::model::Operation;
+use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
+use std::path::Path;
+
+/// The schema version this host writes; a newer one on disk is refused.
+const SCHEMA_VERSION: i64 = 1;
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS buckets (
+    name TEXT PRIMARY KEY, balance_micro INTEGER NOT NULL, updated_ms INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS slots (scope TEXT PRIMARY KEY, in_use INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS operations (
+    tenant TEXT NOT NULL, key TEXT NOT NULL, state TEXT NOT NULL, worker TEXT,
+    record TEXT NOT NULL, PRIMARY KEY (tenant, key));
+CREATE INDEX IF NOT EXISTS operations_by_worker ON operations (worker, state)
+    WHERE worker IS NOT NULL;
+CREATE TABLE IF NOT EXISTS queue (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, tenant TEXT NOT NULL, key TEXT NOT NULL,
+    tokens INTEGER NOT NULL, not_before_ms INTEGER NOT NULL, expire_at_ms INTEGER NOT NULL);
+CREATE UNIQUE INDEX IF NOT EXISTS queue_by_tenant ON queue (tenant, seq);
+CREATE UNIQUE INDEX IF NOT EXISTS queue_by_key ON queue (tenant, key);
+CREATE INDEX IF NOT EXISTS queue_by_expiry ON queue (expire_at_ms);
+CREATE TABLE IF NOT EXISTS tenant_queues (
+    tenant TEXT PRIMARY KEY, depth INTEGER NOT NULL, deficit INTEGER NOT NULL);
+CREATE INDEX IF NOT EXISTS tenant_queues_backlogged ON tenant_queues (tenant) WHERE depth > 0;
+";
+
+/// A SQLite database owned by this process.
+pub struct SqliteStore {
+    conn: Connection,
+}
+
+impl SqliteStore {
+    /// Opens (or creates) a database file in WAL mode.
+    pub fn open(path: &Path) -> Result<Self, StoreError> {
+        let conn = Connection::open(path)?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        Self::init(conn)
+    }
+
+    /// A private in-memory database (scenarios, smoke checks of a candidate policy).
+    pub fn in_memory() -> Result<Self, StoreError> {
+        Self::init(Connection::open_in_memory()?)
+    }
+
+    fn init(conn: Connection) -> Result<Self, StoreError> {
+        conn.execute_batch(SCHEMA)?;
+        let version: Option<String> = conn
+            .query_row("SELECT value FROM meta WHERE name = 'schema_version'", [], |r| r.get(0))
+            .optional()?;
+        match version.map(|v| v.parse::<i64>()) {
+            None => {
+                conn.execute(
+                    "INSERT INTO meta (name, value) VALUES ('schema_version', ?1)",
+                    [SCHEMA_VERSION.to_string()],
+                )?;
+            }
+            Some(Ok(SCHEMA_VERSION)) => {}
+            Some(other) => {
+                return Err(StoreError::Schema(format!(
+                    "database schema version {other:?} is not {SCHEMA_VERSION}, which this build of tollgate writes"
+                )))
+            }
+        }
+        Ok(SqliteStore { conn })
+    }
+}
+
+impl Store for SqliteStore {
+    fn transaction<T, E>(&mut self, f: impl FnOnce(&mut dyn Tx) -> Result<T, E>) -> Result<T, E>
+    where
+        E: From<StoreError>,
+    {
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(StoreError::from)?;
+        let mut view = SqliteTx { tx: &tx };
+        let result = f(&mut view)?;
+        tx.commit().map_err(StoreError::from)?;
+        Ok(result)
+    }
+}
+
+struct SqliteTx<'a> {
+    tx: &'a Connection,
+}
+
+fn job_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<QueuedJob> {
+    Ok(QueuedJob {
+        tenant: r.get(0)?,
+        key: r.get(1)?,
+        tokens: r.get::<_, i64>(2)? as u64,
+        not_before_ms: r.get(3)?,
+        expire_at_ms: r.get(4)?,
+    })
+}
+
+impl Tx for SqliteTx<'_> {
+    fn bucket(&mut self, name: &str) -> Result<Option<bucket::State>, StoreError> {
+        let mut st = self.tx.prepare_cached("SELECT balance_micro, updated_ms FROM buckets WHERE name = ?1")?;
+        Ok(st
+            .query_row([name], |r| Ok(bucket::State { balance_micro: r.get(0)?, updated_ms: r.get(1)? }))
+            .optional()?)
+    }
+
+    fn set_bucket(&mut self, name: &str, s: bucket::State) -> Result<(), StoreError> {
+        let mut st = self.tx.prepare_cached(
+            "INSERT INTO buckets (name, balance_micro, updated_ms) VALUES (?1, ?2, ?3)
+             ON CONFLICT (name) DO UPDATE SET balance_micro = ?2, updated_ms = ?3",
+        )?;
+        st.execute(params![name, s.balance_micro, s.updated_ms])?;
+        Ok(())
+    }
+
+    fn slots_in_use(&mut self, scope: &str) -> Result<u32, StoreError> {
+        let mut st = self.tx.prepare_cached("SELECT in_use FROM slots WHERE scope = ?1")?;
+        Ok(st.query_row([scope], |r| r.get::<_, u32>(0)).optional()?.unwrap_or(0))
+    }
+
+    fn set_slots_in_use(&mut self, scope: &str, in_use: u32) -> Result<(), StoreError> {
+        let mut st = self.tx.prepare_cached(
+            "INSERT INTO slots (scope, in_use) VALUES (?1, ?2)
+             ON CONFLICT (scope) DO UPDATE SET in_use = ?2",
+        )?;
+        st.execute(params![scope, in_use])?;
+        Ok(())
+    }
+
+    fn operation(&mut self, tenant: &str, key: &str) -> Result<Option<Operation>, StoreError> {
+        let mut st = self.tx.prepare_cached("SELECT record FROM operations WHERE tenant = ?1 AND key = ?2")?;
+        let record: Option<String> = st.query_row([tenant, key], |r| r.get(0)).optional()?;
+        Ok(record.map(|r| serde_json::from_str(&r)).transpose()?)
+    }
+
+    fn put_operation(&mut self, op: &Operation) -> Result<(), StoreError> {
+        let record = serde_json::to_string(op)?;
+        let mut st = self.tx.prepare_cached(
+            "INSERT INTO operations (tenant, key, state, worker, record) VALUES (?1, ?2, ?3, ?4, ?5)
+             ON CONFLICT (tenant, key) DO UPDATE SET state = ?3, worker = ?4, record = ?5",
+        )?;
+        st.execute(params![op.tenant, op.key, op.state.as_str(), op.worker, record])?;
+        Ok(())
+    }
+
+    fn operations(&mut self) -> Result<Vec<Operation>, StoreError> {
+        let mut st = self.tx.prepare_cached("SELECT record FROM operations ORDER BY tenant, key")?;
+        let rows = st.query_map([], |r| r.get::<_, String>(0))?;
+        let mut out = Vec::new();
+        for row in rows {
+            out.push(serde_json::from_str(&row?)?);
+        }
+        Ok(out)
+    }
+
+    fn unfinished_claims(&mut self, worker: &str) -> Result<u32, StoreError> {
+        let mut st = self.tx.prepare_cached(
+            "SELECT COUNT(*) FROM operations WHERE worker = ?1 AND state IN ('active', 'unknown')",
+        )?;
+        Ok(st.query_row([worker], |r| r.get(0))?)
+    }
+
+    fn meta(&mut self, name: &str) -> Result<Option<String>, StoreError> {
+        let mut st = self.tx.prepare_cached("SELECT value FROM meta WHERE name = ?1")?;
+        Ok(st.query_row([name], |r| r.get(0)).optional()?)
+    }
+
+    fn set_meta(&mut self, name: &str, value: &str) -> Result<(), StoreError> {
+        let mut st = self.tx.prepare_cached(
+            "INSERT INTO meta (name, value) VALUES (?1, ?2) ON CONFLICT (name) DO UPDATE SET value = ?2",
+        )?;
+        st.execute([name, value])?;
+        Ok(())
+    }
+
+    fn enqueue(&mut self, job: &QueuedJob) -> Result<(), StoreError> {
+        self.tx
+            .prepare_cached(
+                "INSERT INTO queue (tenant, key, tokens, not_before_ms, expire_at_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
+            )?
+            .execute(params![job.tenant, job.key, job.tokens as i64, job.not_before_ms, job.expire_at_ms])?;
+        self.tx
+            .prepare_cached(
+                "INSERT INTO tenant_queues (tenant, depth, deficit) VALUES (?1, 1, 0)
+                 ON CONFLICT (tenant) DO UPDATE SET depth = depth + 1",
+            )?
+            .execute([&job.tenant])?;
+        Ok(())
+    }
+
+    fn dequeue(&mut self, tenant: &str, key: &str) -> Result<(), StoreError> {
+        let removed = self
+            .tx
+            .prepare_cached("DELETE FROM queue WHERE tenant = ?1 AND key = ?2")?
+            .execute([tenant, key])?;
+        if removed > 0 {
+            self.tx
+                .prepare_cached("UPDATE tenant_queues SET depth = depth - ?2 WHERE tenant = ?1")?
+                .execute(params![tenant, removed as i64])?;
+        }
+        Ok(())
+    }
+
+    fn queue_depth(&mut self, tenant: &str) -> Result<u32, StoreError> {
+        let mut st = self.tx.prepare_cached("SELECT depth FROM tenant_queues WHERE tenant = ?1")?;
+        Ok(st.query_row([tenant], |r| r.get(0)).optional()?.unwrap_or(0))
+    }
+
+    fn ready_head(&mut self, tenant: &str, now_ms: i64) -> Result<Option<QueuedJob>, StoreError> {
+        let mut st = self.tx.prepare_cached(
+            "SELECT tenant, key, tokens, not_before_ms, expire_at_ms FROM queue
+             WHERE tenant = ?1 AND not_before_ms <= ?2 ORDER BY seq LIMIT 1",
+        )?;
+        Ok(st.query_row(params![tenant, now_ms], job_from_row).optional()?)
+    }
+
+    fn next_backlogged(&mut self, after: Option<&str>) -> Result<Option<String>, StoreError> {
+        let mut st = self.tx.prepare_cached(
+            "SELECT tenant FROM tenant_queues WHERE depth > 0 AND (?1 IS NULL OR tenant > ?1)
+             ORDER BY tenant LIMIT 1",
+        )?;
+        Ok(st.query_row([after], |r| r.get(0)).optional()?)
+    }
+
+    fn infeasible(&mut self, now_ms: i64) -> Result<Vec<QueuedJob>, StoreError> {
+        let mut st = self.tx.prepare_cached(
+            "SELECT tenant, key, tokens, not_before_ms, expire_at_ms FROM queue
+             WHERE expire_at_ms <= ?1 ORDER BY expire_at_ms, seq",
+        )?;
+        let rows = st.query_map([now_ms], job_from_row)?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    fn deficit(&mut self, tenant: &str) -> Result<u64, StoreError> {
+        let mut st = self.tx.prepare_cached("SELECT deficit FROM tenant_queues WHERE tenant = ?1")?;
+        Ok(st.query_row([tenant], |r| r.get::<_, i64>(0)).optional()?.unwrap_or(0) as u64)
+    }
+
+    fn set_deficit(&mut self, tenant: &str, deficit: u64) -> Result<(), StoreError> {
+        self.tx
+            .prepare_cached(
+                "INSERT INTO tenant_queues (tenant, depth, deficit) VALUES (?1, 0, ?2)
+                 ON CONFLICT (tenant) DO UPDATE SET deficit = ?2",
+            )?
+            .execute(params![tenant, deficit.min(i64::MAX as u64) as i64])?;
+        Ok(())
+    }
+}

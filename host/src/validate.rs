@@ -1,0 +1,159 @@
+//! Validation of an admission request (SPEC.md section 4): strict types, bounded sizes,
+//! and the tenant check. It runs before anything is read or spent.
+
+use crate::config::Config;
+use crate::model::{Request, Route};
+use crate::reason::Reason;
+use serde_json::{Map, Value};
+
+/// Longest operation key, in characters.
+pub const MAX_KEY_CHARS: usize = 255;
+/// Longest `body_ref` or `fingerprint`, in bytes: they are references, not bodies.
+pub const MAX_REF_BYTES: usize = 4096;
+
+const FIELDS: &[&str] = &[
+    "tenant",
+    "key",
+    "route",
+    "input_tokens",
+    "max_output_tokens",
+    "deadline_ms",
+    "optional_context_tokens",
+    "size_bytes",
+    "body_ref",
+    "fingerprint",
+];
+
+/// Turns a request object into a [`Request`], or the reason it is refused.
+pub fn request(raw: &Value, config: &Config) -> Result<Request, Reason> {
+    let obj = raw.as_object().ok_or(Reason::InvalidRequest)?;
+    // The order of SPEC.md: unknown_tenant, then invalid_request, then too_large.
+    let tenant = string(obj, "tenant")?.ok_or(Reason::InvalidRequest)?;
+    if config.tenant(&tenant).is_none() {
+        return Err(Reason::UnknownTenant);
+    }
+    if obj.keys().any(|k| !FIELDS.contains(&k.as_str())) {
+        return Err(Reason::InvalidRequest);
+    }
+    let key = string(obj, "key")?.ok_or(Reason::InvalidRequest)?;
+    let route = match string(obj, "route")?.as_deref() {
+        Some("interactive") => Route::Interactive,
+        Some("durable") => Route::Durable,
+        _ => return Err(Reason::InvalidRequest),
+    };
+    let input_tokens = integer(obj, "input_tokens")?.ok_or(Reason::InvalidRequest)?;
+    let max_output_tokens = integer(obj, "max_output_tokens")?.ok_or(Reason::InvalidRequest)?;
+    let optional_context_tokens = integer(obj, "optional_context_tokens")?.unwrap_or(0);
+    let size_bytes = integer(obj, "size_bytes")?.unwrap_or(0);
+    let deadline_ms = match obj.get("deadline_ms") {
+        Some(Value::Number(n)) => n.as_i64().ok_or(Reason::InvalidRequest)?,
+        _ => return Err(Reason::InvalidRequest),
+    };
+    let body_ref = string(obj, "body_ref")?;
+    let fingerprint = string(obj, "fingerprint")?;
+
+    let key_chars = key.chars().count();
+    if !(1..=MAX_KEY_CHARS).contains(&key_chars)
+        || input_tokens < 1
+        || max_output_tokens < 1
+        || body_ref.as_ref().is_some_and(|s| s.len() > MAX_REF_BYTES)
+        || fingerprint.as_ref().is_some_and(|s| s.len() > MAX_REF_BYTES)
+        // Token counts beyond 2^53 cannot be meant and would overflow sums downstream.
+        || [input_tokens, max_output_tokens, optional_context_tokens].iter().any(|&t| t > 1 << 53)
+    {
+        return Err(Reason::InvalidRequest);
+    }
+    if size_bytes > config.max_request_bytes {
+        return Err(Reason::TooLarge);
+    }
+    Ok(Request {
+        tenant,
+        key,
+        route,
+        input_tokens,
+        optional_context_tokens,
+        max_output_tokens,
+        deadline_ms,
+        size_bytes,
+        body_ref,
+        fingerprint,
+    })
+}
+
+/// An optional string field; any other type is invalid.
+fn string(obj: &Map<String, Value>, name: &str) -> Result<Option<String>, Reason> {
+    match obj.get(name) {
+        None => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(_) => Err(Reason::InvalidRequest),
+    }
+}
+
+/// An optional non-negative integer field; fractions, strings and negatives are invalid.
+fn integer(obj: &Map<String, Value>, name: &str) -> Result<Option<u64>, Reason> {
+    match obj.get(name) {
+        None => Ok(None),
+        Some(Value::Number(n)) => n.as_u64().map(Some).ok_or(Reason::InvalidRequest),
+        Some(_) => Err(Reason::InvalidRequest),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn config() -> Config {
+        Config::with_tenants(&["acme"])
+    }
+
+    fn base() -> Value {
+        json!({"tenant": "acme", "key": "k", "route": "interactive", "input_tokens": 1,
+               "max_output_tokens": 1, "deadline_ms": 10})
+    }
+
+    fn with(field: &str, value: Value) -> Value {
+        let mut v = base();
+        v[field] = value;
+        v
+    }
+
+    #[test]
+    fn accepts_a_minimal_request() {
+        let r = request(&base(), &config()).unwrap();
+        assert_eq!(r.optional_context_tokens, 0);
+        assert_eq!(r.route, Route::Interactive);
+    }
+
+    #[test]
+    fn strict_types() {
+        let c = config();
+        for (field, value) in [
+            ("input_tokens", json!("1")),
+            ("input_tokens", json!(1.5)),
+            ("input_tokens", json!(0)),
+            ("max_output_tokens", json!(-1)),
+            ("deadline_ms", json!("10")),
+            ("deadline_ms", json!(1.5)),
+            ("key", json!(7)),
+            ("key", json!("")),
+            ("key", json!("x".repeat(256))),
+            ("route", json!("batch")),
+            ("body_ref", json!(1)),
+            ("unexpected", json!(1)),
+        ] {
+            assert_eq!(request(&with(field, value.clone()), &c), Err(Reason::InvalidRequest), "{field}={value}");
+        }
+        assert!(request(&with("key", json!("é".repeat(255))), &c).is_ok());
+    }
+
+    #[test]
+    fn tenant_then_size() {
+        let c = config();
+        assert_eq!(request(&with("tenant", json!("nobody")), &c), Err(Reason::UnknownTenant));
+        assert_eq!(request(&with("size_bytes", json!(65537)), &c), Err(Reason::TooLarge));
+        let mut missing = base();
+        missing.as_object_mut().unwrap().remove("tenant");
+        assert_eq!(request(&missing, &c), Err(Reason::InvalidRequest));
+    }
+}
