@@ -1,1 +1,210 @@
-fn main(){}
+//! The `tollgate` command line.
+
+use clap::{Parser, Subcommand};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use tollgate::config::Config;
+use tollgate::runtime::Runtime;
+use tollgate::scenario::{self, Runner, Scenario};
+use tollgate::store::SqliteStore;
+use tollgate::Engine;
+
+#[derive(Parser)]
+#[command(name = "tollgate", version, about = "Admission control and fair scheduling for expensive provider calls")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Conformance scenarios (SPEC.md section 9).
+    Conformance {
+        #[command(subcommand)]
+        command: ConformanceCommand,
+    },
+    /// Decide one admission read as JSON from standard input, and print the decision.
+    Decide {
+        #[command(flatten)]
+        engine: EngineArgs,
+        /// Logical time of the decision, in ms (default: the wall clock).
+        #[arg(long)]
+        now: Option<i64>,
+    },
+    /// Queue depth per tenant in a store.
+    Queue {
+        #[command(flatten)]
+        engine: EngineArgs,
+    },
+    /// Operations in a store, with the hash of the policy that decided each.
+    Ops {
+        #[command(flatten)]
+        engine: EngineArgs,
+    },
+    /// Policy modules.
+    Policy {
+        #[command(subcommand)]
+        command: PolicyCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum ConformanceCommand {
+    /// Run scenario files, or every `*.json` under folders.
+    Run {
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+        /// Policy (built-in name or `.wasm` file) for scenarios that do not name one.
+        #[arg(long, default_value = "standard")]
+        policy: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum PolicyCommand {
+    /// Check a component as activation would (world, self-check, smoke decisions) and print its identity.
+    Check {
+        /// Built-in name or `.wasm` file.
+        policy: String,
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+    /// List the built-in policies with their identities.
+    List,
+}
+
+#[derive(clap::Args)]
+struct EngineArgs {
+    /// Configuration file (JSON, SPEC.md section 9); default: the defaults with no tenants.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// SQLite database file (created if missing); default: a private in-memory store.
+    #[arg(long)]
+    db: Option<PathBuf>,
+    /// Built-in policy name or `.wasm` file.
+    #[arg(long, default_value = "standard")]
+    policy: String,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(code) => code,
+        Err(message) => {
+            eprintln!("tollgate: {message}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<ExitCode, String> {
+    let runtime = Runtime::new().map_err(|e| format!("starting wasmtime: {e:#}"))?;
+    match cli.command {
+        Command::Conformance { command: ConformanceCommand::Run { paths, policy } } => {
+            conformance(runtime, &paths, policy)
+        }
+        Command::Decide { engine, now } => {
+            let engine = open_engine(runtime, &engine)?;
+            let mut input = String::new();
+            std::io::stdin().read_to_string(&mut input).map_err(|e| e.to_string())?;
+            let request: serde_json::Value = serde_json::from_str(&input).map_err(|e| format!("request is not JSON: {e}"))?;
+            let decision = engine.admit(&request, now.unwrap_or_else(wall_clock_ms)).map_err(|e| e.to_string())?;
+            println!("{}", serde_json::to_string_pretty(&decision).unwrap());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Queue { engine } => {
+            let engine = open_engine(runtime, &engine)?;
+            for (tenant, depth) in engine.queue_depths().map_err(|e| e.to_string())? {
+                println!("{tenant}\t{depth}");
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Ops { engine } => {
+            let engine = open_engine(runtime, &engine)?;
+            let inspection = engine.inspect(wall_clock_ms()).map_err(|e| e.to_string())?;
+            println!("tenant\tkey\tstate\tattempt\tpolicy");
+            for op in inspection.operations {
+                println!("{}\t{}\t{}\t{}\t{}", op.tenant, op.key, op.state.as_str(), op.attempt, op.policy);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Policy { command: PolicyCommand::List } => {
+            for name in tollgate::runtime::builtin::names() {
+                let bytes = tollgate::runtime::builtin::get(name).unwrap();
+                match runtime.load(bytes, u64::MAX) {
+                    Ok(p) => println!("{name}\t{}\t{}", p.info.version, p.digest),
+                    Err(e) => println!("{name}\trefused: {e}"),
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Policy { command: PolicyCommand::Check { policy, config } } => {
+            let args = EngineArgs { config, db: None, policy: "standard".into() };
+            let engine = open_engine(runtime, &args)?;
+            let bytes = scenario::resolve_policy(&policy, None)?;
+            match engine.check_candidate(&bytes) {
+                Ok(p) => {
+                    println!("ok\t{}\t{}\t{}", p.info.name, p.info.version, p.digest);
+                    Ok(ExitCode::SUCCESS)
+                }
+                Err(e) => {
+                    println!("refused\t{e}");
+                    Ok(ExitCode::FAILURE)
+                }
+            }
+        }
+    }
+}
+
+fn conformance(runtime: Runtime, paths: &[PathBuf], policy: String) -> Result<ExitCode, String> {
+    let files = scenario::collect(paths)?;
+    let mut runner = Runner::new(runtime);
+    runner.default_policy = policy;
+    let (mut passed, mut failed) = (0, 0);
+    for file in files {
+        let outcome = Scenario::load(&file).and_then(|s| runner.run(&s).map(|m| (s.name, m)));
+        match outcome {
+            Ok((_, mismatches)) if mismatches.is_empty() => passed += 1,
+            Ok((name, mismatches)) => {
+                failed += 1;
+                for m in mismatches {
+                    println!("FAIL {name} ({}) {m}", file.display());
+                }
+            }
+            Err(e) => {
+                failed += 1;
+                println!("FAIL {e}");
+            }
+        }
+    }
+    println!("{passed} passed, {failed} failed");
+    Ok(if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+fn open_engine(runtime: Runtime, args: &EngineArgs) -> Result<Engine<SqliteStore>, String> {
+    let config = match &args.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+            let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+            Config::from_json(&value).map_err(|e| format!("{}: {e}", path.display()))?
+        }
+        None => Config::from_json(&serde_json::json!({})).map_err(|e| e.to_string())?,
+    };
+    let store = match &args.db {
+        Some(path) => SqliteStore::open(Path::new(path)),
+        None => SqliteStore::in_memory(),
+    }
+    .map_err(|e| e.to_string())?;
+    let bytes = scenario::resolve_policy(&args.policy, None)?;
+    let policy = runtime.load(&bytes, config.max_policy_bytes).map_err(|e| e.to_string())?;
+    Ok(Engine::new(config, store, runtime, Arc::new(policy)))
+}
+
+fn wall_clock_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
