@@ -12,7 +12,13 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 const TARGET: &str = "wasm32-unknown-unknown";
-const POLICIES: &[&str] = &["standard", "deny-all", "faulty", "retry-everything", "broken"];
+const POLICIES: &[&str] = &[
+    "standard",
+    "deny-all",
+    "faulty",
+    "retry-everything",
+    "broken",
+];
 
 fn main() {
     let manifest_dir = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").unwrap());
@@ -29,7 +35,14 @@ fn main() {
     let target_dir = root.join("target").join("policies");
     let mut cmd = Command::new(&cargo);
     cmd.current_dir(root.join("policies"))
-        .args(["build", "--release", "--locked", "--target", TARGET, "--target-dir"])
+        .args([
+            "build",
+            "--release",
+            "--locked",
+            "--target",
+            TARGET,
+            "--target-dir",
+        ])
         .arg(&target_dir);
     // Nothing of the outer build (clippy's wrapper, host RUSTFLAGS, coverage) may leak in.
     for var in [
@@ -45,8 +58,13 @@ fn main() {
     ] {
         cmd.env_remove(var);
     }
-    let status = cmd.status().expect("failed to run cargo for the policy components");
-    assert!(status.success(), "building the policy components under policies/ failed");
+    let status = cmd
+        .status()
+        .expect("failed to run cargo for the policy components");
+    assert!(
+        status.success(),
+        "building the policy components under policies/ failed"
+    );
 
     let mut listing = String::from(
         "/// The policy components built from `policies/`, by name.\n\
@@ -65,8 +83,12 @@ fn main() {
             .unwrap_or_else(|e| panic!("making a component of policy {name}: {e:?}"));
         let component_path = out_dir.join(format!("{name}.wasm"));
         fs::write(&component_path, component).unwrap();
-        writeln!(listing, "    ({name:?}, include_bytes!({:?})),", component_path.display().to_string())
-            .unwrap();
+        writeln!(
+            listing,
+            "    ({name:?}, include_bytes!({:?})),",
+            component_path.display().to_string()
+        )
+        .unwrap();
     }
     listing.push_str("];\n");
     fs::write(out_dir.join("policies.rs"), listing).unwrap();
@@ -80,7 +102,13 @@ fn check_target_installed(rustc: &str) {
         .ok()
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
     let installed = sysroot
-        .map(|s| Path::new(&s).join("lib/rustlib").join(TARGET).join("lib").is_dir())
+        .map(|s| {
+            Path::new(&s)
+                .join("lib/rustlib")
+                .join(TARGET)
+                .join("lib")
+                .is_dir()
+        })
         .unwrap_or(false);
     if !installed {
         panic!(

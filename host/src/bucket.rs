@@ -38,19 +38,29 @@ pub struct State {
 impl State {
     /// Every bucket starts full.
     pub fn full(limits: Limits, now_ms: i64) -> Self {
-        State { balance_micro: limits.capacity_micro, updated_ms: now_ms }
+        State {
+            balance_micro: limits.capacity_micro,
+            updated_ms: now_ms,
+        }
     }
 
     /// The state refilled up to `now_ms`. A clock that steps backwards adds nothing and
     /// leaves `updated_ms` where it was, so it can never mint credits.
     pub fn refilled(self, limits: Limits, now_ms: i64) -> Self {
         if now_ms <= self.updated_ms {
-            return State { balance_micro: self.balance_micro.min(limits.capacity_micro), ..self };
+            return State {
+                balance_micro: self.balance_micro.min(limits.capacity_micro),
+                ..self
+            };
         }
         let elapsed = i128::from(now_ms - self.updated_ms);
         let added = elapsed * i128::from(limits.refill_milli_per_s);
-        let balance = (i128::from(self.balance_micro) + added).min(i128::from(limits.capacity_micro));
-        State { balance_micro: balance as i64, updated_ms: now_ms }
+        let balance =
+            (i128::from(self.balance_micro) + added).min(i128::from(limits.capacity_micro));
+        State {
+            balance_micro: balance as i64,
+            updated_ms: now_ms,
+        }
     }
 
     /// Whole credits available (what `inspect` reports).
@@ -65,7 +75,10 @@ impl State {
             return Err(Shortage::NeverFits);
         }
         if i128::from(self.balance_micro) >= need {
-            return Ok(State { balance_micro: (i128::from(self.balance_micro) - need) as i64, ..self });
+            return Ok(State {
+                balance_micro: (i128::from(self.balance_micro) - need) as i64,
+                ..self
+            });
         }
         if limits.refill_milli_per_s <= 0 {
             return Err(Shortage::NoRefill);
@@ -73,14 +86,19 @@ impl State {
         let missing = need - i128::from(self.balance_micro);
         let rate = i128::from(limits.refill_milli_per_s);
         let wait_ms = (missing + rate - 1) / rate;
-        Err(Shortage::RetryAfterMs(wait_ms.min(i128::from(i64::MAX)) as u64))
+        Err(Shortage::RetryAfterMs(
+            wait_ms.min(i128::from(i64::MAX)) as u64
+        ))
     }
 
     /// Gives back `credits` (a usage refund), never above capacity.
     pub fn refund(self, limits: Limits, credits: u64) -> State {
         let balance = (i128::from(self.balance_micro) + need_micro(credits))
             .min(i128::from(limits.capacity_micro));
-        State { balance_micro: balance as i64, ..self }
+        State {
+            balance_micro: balance as i64,
+            ..self
+        }
     }
 }
 
@@ -111,7 +129,10 @@ mod tests {
     #[test]
     fn fractional_refill_is_exact() {
         let l = limits(1.0, 0.5);
-        let s = State { balance_micro: 0, updated_ms: 0 };
+        let s = State {
+            balance_micro: 0,
+            updated_ms: 0,
+        };
         assert_eq!(s.refilled(l, 1999).whole_credits(), 0);
         assert_eq!(s.refilled(l, 2000).whole_credits(), 1);
         assert_eq!(s.spend(l, 1), Err(Shortage::RetryAfterMs(2000)));
@@ -120,7 +141,10 @@ mod tests {
     #[test]
     fn retry_after_rounds_up_to_the_millisecond() {
         let l = limits(10.0, 3.0);
-        let s = State { balance_micro: 0, updated_ms: 0 };
+        let s = State {
+            balance_micro: 0,
+            updated_ms: 0,
+        };
         // One credit at 3 per second takes 333.33 ms: answer 334.
         assert_eq!(s.spend(l, 1), Err(Shortage::RetryAfterMs(334)));
         assert!(s.refilled(l, 334).spend(l, 1).is_ok());
@@ -130,7 +154,10 @@ mod tests {
     #[test]
     fn backwards_clock_mints_nothing() {
         let l = limits(100.0, 10.0);
-        let s = State { balance_micro: 5 * MICRO, updated_ms: 1000 };
+        let s = State {
+            balance_micro: 5 * MICRO,
+            updated_ms: 1000,
+        };
         let back = s.refilled(l, 0);
         assert_eq!(back, s);
         // Returning to the old time must not count the backwards step as elapsed time.
@@ -140,7 +167,10 @@ mod tests {
     #[test]
     fn never_fits_and_no_refill_are_distinct() {
         let l = limits(10.0, 0.0);
-        let s = State { balance_micro: 0, updated_ms: 0 };
+        let s = State {
+            balance_micro: 0,
+            updated_ms: 0,
+        };
         assert_eq!(s.spend(l, 11), Err(Shortage::NeverFits));
         assert_eq!(s.spend(l, 1), Err(Shortage::NoRefill));
     }

@@ -41,17 +41,11 @@ impl BucketOverlay {
     }
 }
 
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct GlobalConfigInput {
     pub requests: BucketOverlay,
     pub concurrency: Option<u32>,
-}
-
-impl Default for GlobalConfigInput {
-    fn default() -> Self {
-        GlobalConfigInput { requests: BucketOverlay::default(), concurrency: None }
-    }
 }
 
 /// A tenant's settings as written: every field optional, laid over `tenant_defaults`.
@@ -71,7 +65,9 @@ pub struct TenantOverlay {
     pub weight: Option<u32>,
 }
 
-fn explicit_option<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Option<u32>>, D::Error> {
+fn explicit_option<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<Option<u32>>, D::Error> {
     Option::<u32>::deserialize(d).map(Some)
 }
 
@@ -164,8 +160,14 @@ impl Config {
 
     pub fn from_input(input: ConfigInput) -> Result<Config, ConfigError> {
         let base_tenant = TenantConfig {
-            requests: BucketConfig { capacity: 10.0, refill_per_s: 5.0 },
-            tokens: BucketConfig { capacity: 20000.0, refill_per_s: 1000.0 },
+            requests: BucketConfig {
+                capacity: 10.0,
+                refill_per_s: 5.0,
+            },
+            tokens: BucketConfig {
+                capacity: 20000.0,
+                refill_per_s: 1000.0,
+            },
             concurrency: None,
             queue_limit: 8,
             weight: 1,
@@ -174,18 +176,24 @@ impl Config {
         let mut tenants = BTreeMap::new();
         for (name, entry) in &input.tenants {
             if name.is_empty() || name.len() > 255 {
-                return Err(ConfigError(format!("tenant name {name:?} must be 1 to 255 bytes")));
+                return Err(ConfigError(format!(
+                    "tenant name {name:?} must be 1 to 255 bytes"
+                )));
             }
             tenants.insert(name.clone(), overlay(&defaults, entry));
         }
-        let mut policy_params: BTreeMap<String, f64> =
-            DEFAULT_POLICY_PARAMS.iter().map(|(k, v)| (k.to_string(), *v)).collect();
+        let mut policy_params: BTreeMap<String, f64> = DEFAULT_POLICY_PARAMS
+            .iter()
+            .map(|(k, v)| (k.to_string(), *v))
+            .collect();
         for (name, value) in &input.policy_params {
             let number = match value {
                 serde_json::Value::Bool(b) => f64::from(u8::from(*b)),
                 serde_json::Value::Number(n) => n.as_f64().unwrap_or(f64::NAN),
                 _ => {
-                    return Err(ConfigError(format!("policy_params.{name} must be a number or a boolean")))
+                    return Err(ConfigError(format!(
+                        "policy_params.{name} must be a number or a boolean"
+                    )))
                 }
             };
             if !number.is_finite() {
@@ -196,7 +204,10 @@ impl Config {
         let config = Config {
             seed: input.seed.unwrap_or(7),
             refund_unused_tokens: input.refund_unused_tokens.unwrap_or(false),
-            global_requests: input.global.requests.over(BucketConfig { capacity: 100.0, refill_per_s: 50.0 }),
+            global_requests: input.global.requests.over(BucketConfig {
+                capacity: 100.0,
+                refill_per_s: 50.0,
+            }),
             global_concurrency: input.global.concurrency.unwrap_or(8),
             tenants,
             max_request_bytes: input.limits.max_request_bytes.unwrap_or(65536),
@@ -216,7 +227,9 @@ impl Config {
             buckets.push((format!("tenant.{name}.requests"), t.requests));
             buckets.push((format!("tenant.{name}.tokens"), t.tokens));
             if t.weight == 0 {
-                return Err(ConfigError(format!("tenants.{name}.weight must be at least 1")));
+                return Err(ConfigError(format!(
+                    "tenants.{name}.weight must be at least 1"
+                )));
             }
         }
         for (name, b) in buckets {
@@ -228,7 +241,9 @@ impl Config {
             }
         }
         if self.quantum_tokens == 0 {
-            return Err(ConfigError("scheduler.quantum_tokens must be at least 1".into()));
+            return Err(ConfigError(
+                "scheduler.quantum_tokens must be at least 1".into(),
+            ));
         }
         Ok(())
     }
@@ -237,7 +252,9 @@ impl Config {
     pub fn with_tenants(names: &[&str]) -> Config {
         let mut input = ConfigInput::default();
         for n in names {
-            input.tenants.insert(n.to_string(), TenantOverlay::default());
+            input
+                .tenants
+                .insert(n.to_string(), TenantOverlay::default());
         }
         Config::from_input(input).expect("the defaults are valid")
     }
@@ -275,7 +292,13 @@ mod tests {
         }))
         .unwrap();
         let a = c.tenant("a").unwrap();
-        assert_eq!(a.tokens, BucketConfig { capacity: 1000.0, refill_per_s: 3.0 });
+        assert_eq!(
+            a.tokens,
+            BucketConfig {
+                capacity: 1000.0,
+                refill_per_s: 3.0
+            }
+        );
         assert_eq!(a.weight, 2);
         assert_eq!(c.tenant("b").unwrap().tokens.refill_per_s, 1000.0);
         assert_eq!(c.global_requests.capacity, 100.0);

@@ -12,7 +12,11 @@ use tollgate::store::SqliteStore;
 use tollgate::Engine;
 
 #[derive(Parser)]
-#[command(name = "tollgate", version, about = "Admission control and fair scheduling for expensive provider calls")]
+#[command(
+    name = "tollgate",
+    version,
+    about = "Admission control and fair scheduling for expensive provider calls"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -32,6 +36,9 @@ enum Command {
         /// Logical time of the decision, in ms (default: the wall clock).
         #[arg(long)]
         now: Option<i64>,
+        /// Read one request per line and print one decision per line, until end of input.
+        #[arg(long)]
+        lines: bool,
     },
     /// Queue depth per tenant in a store.
     Queue {
@@ -102,15 +109,35 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> Result<ExitCode, String> {
     let runtime = Runtime::new().map_err(|e| format!("starting wasmtime: {e:#}"))?;
     match cli.command {
-        Command::Conformance { command: ConformanceCommand::Run { paths, policy } } => {
-            conformance(runtime, &paths, policy)
+        Command::Conformance {
+            command: ConformanceCommand::Run { paths, policy },
+        } => conformance(runtime, &paths, policy),
+        Command::Decide { engine, now, lines: true } => {
+            let engine = open_engine(runtime, &engine)?;
+            let stdout = std::io::stdout();
+            let mut out = std::io::BufWriter::new(stdout.lock());
+            for line in std::io::stdin().lines() {
+                let line = line.map_err(|e| e.to_string())?;
+                let decision = match serde_json::from_str::<serde_json::Value>(&line) {
+                    Ok(request) => engine.admit(&request, now.unwrap_or_else(wall_clock_ms)).map_err(|e| e.to_string())?,
+                    Err(_) => tollgate::engine::Decision::rejected(tollgate::reason::Reason::InvalidRequest, None),
+                };
+                use std::io::Write;
+                writeln!(out, "{}", serde_json::to_string(&decision).unwrap()).map_err(|e| e.to_string())?;
+            }
+            Ok(ExitCode::SUCCESS)
         }
-        Command::Decide { engine, now } => {
+        Command::Decide { engine, now, lines: false } => {
             let engine = open_engine(runtime, &engine)?;
             let mut input = String::new();
-            std::io::stdin().read_to_string(&mut input).map_err(|e| e.to_string())?;
-            let request: serde_json::Value = serde_json::from_str(&input).map_err(|e| format!("request is not JSON: {e}"))?;
-            let decision = engine.admit(&request, now.unwrap_or_else(wall_clock_ms)).map_err(|e| e.to_string())?;
+            std::io::stdin()
+                .read_to_string(&mut input)
+                .map_err(|e| e.to_string())?;
+            let request: serde_json::Value =
+                serde_json::from_str(&input).map_err(|e| format!("request is not JSON: {e}"))?;
+            let decision = engine
+                .admit(&request, now.unwrap_or_else(wall_clock_ms))
+                .map_err(|e| e.to_string())?;
             println!("{}", serde_json::to_string_pretty(&decision).unwrap());
             Ok(ExitCode::SUCCESS)
         }
@@ -126,11 +153,20 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             let inspection = engine.inspect(wall_clock_ms()).map_err(|e| e.to_string())?;
             println!("tenant\tkey\tstate\tattempt\tpolicy");
             for op in inspection.operations {
-                println!("{}\t{}\t{}\t{}\t{}", op.tenant, op.key, op.state.as_str(), op.attempt, op.policy);
+                println!(
+                    "{}\t{}\t{}\t{}\t{}",
+                    op.tenant,
+                    op.key,
+                    op.state.as_str(),
+                    op.attempt,
+                    op.policy
+                );
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Policy { command: PolicyCommand::List } => {
+        Command::Policy {
+            command: PolicyCommand::List,
+        } => {
             for name in tollgate::runtime::builtin::names() {
                 let bytes = tollgate::runtime::builtin::get(name).unwrap();
                 match runtime.load(bytes, u64::MAX) {
@@ -140,8 +176,14 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Policy { command: PolicyCommand::Check { policy, config } } => {
-            let args = EngineArgs { config, db: None, policy: "standard".into() };
+        Command::Policy {
+            command: PolicyCommand::Check { policy, config },
+        } => {
+            let args = EngineArgs {
+                config,
+                db: None,
+                policy: "standard".into(),
+            };
             let engine = open_engine(runtime, &args)?;
             let bytes = scenario::resolve_policy(&policy, None)?;
             match engine.check_candidate(&bytes) {
@@ -180,14 +222,20 @@ fn conformance(runtime: Runtime, paths: &[PathBuf], policy: String) -> Result<Ex
         }
     }
     println!("{passed} passed, {failed} failed");
-    Ok(if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+    Ok(if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }
 
 fn open_engine(runtime: Runtime, args: &EngineArgs) -> Result<Engine<SqliteStore>, String> {
     let config = match &args.config {
         Some(path) => {
-            let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-            let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+            let text =
+                std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+            let value: serde_json::Value =
+                serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
             Config::from_json(&value).map_err(|e| format!("{}: {e}", path.display()))?
         }
         None => Config::from_json(&serde_json::json!({})).map_err(|e| e.to_string())?,
@@ -198,7 +246,9 @@ fn open_engine(runtime: Runtime, args: &EngineArgs) -> Result<Engine<SqliteStore
     }
     .map_err(|e| e.to_string())?;
     let bytes = scenario::resolve_policy(&args.policy, None)?;
-    let policy = runtime.load(&bytes, config.max_policy_bytes).map_err(|e| e.to_string())?;
+    let policy = runtime
+        .load(&bytes, config.max_policy_bytes)
+        .map_err(|e| e.to_string())?;
     Ok(Engine::new(config, store, runtime, Arc::new(policy)))
 }
 

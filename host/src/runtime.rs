@@ -132,15 +132,26 @@ pub struct DecisionView {
 impl DecisionView {
     /// A view with nothing in use and full buckets, for self-checks and smoke decisions.
     pub fn scratch(params: Arc<BTreeMap<String, f64>>) -> Self {
-        let bucket = Some(BucketLevel { available: 1000, capacity: 1000, refill_per_s: 1.0 });
+        let bucket = Some(BucketLevel {
+            available: 1000,
+            capacity: 1000,
+            refill_per_s: 1.0,
+        });
         DecisionView {
             now_ms: 0,
             params,
             weight: 1,
             global_requests: bucket,
             tenant_requests: bucket,
-            tenant_tokens: Some(BucketLevel { available: 100_000, capacity: 100_000, refill_per_s: 1000.0 }),
-            global_slots: Some(SlotLevel { in_use: 0, limit: 8 }),
+            tenant_tokens: Some(BucketLevel {
+                available: 100_000,
+                capacity: 100_000,
+                refill_per_s: 1000.0,
+            }),
+            global_slots: Some(SlotLevel {
+                in_use: 0,
+                limit: 8,
+            }),
             tenant_slots: None,
             jitter: Jitter(0),
         }
@@ -205,17 +216,23 @@ impl Runtime {
         let engine = Engine::new(&config)?;
         let mut linker = Linker::new(&engine);
         Policy::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
-        Ok(Runtime { engine, linker: Arc::new(linker) })
+        Ok(Runtime {
+            engine,
+            linker: Arc::new(linker),
+        })
     }
 
     /// Compiles a component, checks it against the world, and asks it to describe itself.
     /// The self-check is separate: see [`LoadedPolicy::self_check`].
     pub fn load(&self, bytes: &[u8], max_bytes: u64) -> Result<LoadedPolicy, LoadError> {
         if bytes.len() as u64 > max_bytes {
-            return Err(LoadError::TooBig { size: bytes.len(), limit: max_bytes });
+            return Err(LoadError::TooBig {
+                size: bytes.len(),
+                limit: max_bytes,
+            });
         }
-        let component =
-            Component::new(&self.engine, bytes).map_err(|e| LoadError::Compile(format!("{e:#}")))?;
+        let component = Component::new(&self.engine, bytes)
+            .map_err(|e| LoadError::Compile(format!("{e:#}")))?;
         let instance_pre = self
             .linker
             .instantiate_pre(&component)
@@ -223,13 +240,20 @@ impl Runtime {
         let pre = PolicyPre::new(instance_pre).map_err(|e| LoadError::World(format!("{e:#}")))?;
         let mut policy = LoadedPolicy {
             digest: PolicyDigest::of(bytes),
-            info: PolicyInfo { name: String::new(), version: String::new() },
+            info: PolicyInfo {
+                name: String::new(),
+                version: String::new(),
+            },
             pre,
         };
         let view = DecisionView::scratch(Arc::new(BTreeMap::new()));
-        let info = policy.call(view, |p, s| p.tollgate_policy_decide().call_describe(s)).map_err(LoadError::Fault)?;
+        let info = policy
+            .call(view, |p, s| p.tollgate_policy_decide().call_describe(s))
+            .map_err(LoadError::Fault)?;
         if info.name.is_empty() || info.name.len() > 128 || info.version.len() > 128 {
-            return Err(LoadError::World("describe must give a name of 1 to 128 bytes and a version of at most 128".into()));
+            return Err(LoadError::World(
+                "describe must give a name of 1 to 128 bytes and a version of at most 128".into(),
+            ));
         }
         policy.info = info;
         Ok(policy)
@@ -245,7 +269,11 @@ pub struct LoadedPolicy {
 
 impl fmt::Debug for LoadedPolicy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} {} ({})", self.info.name, self.info.version, self.digest)
+        write!(
+            f,
+            "{} {} ({})",
+            self.info.name, self.info.version, self.digest
+        )
     }
 }
 
@@ -265,8 +293,13 @@ impl LoadedPolicy {
             .build();
         let mut store = Store::new(self.pre.engine(), HostState { view, limits });
         store.limiter(|s| &mut s.limits);
-        store.set_fuel(FUEL_PER_CALL).map_err(|e| PolicyFault(format!("{e:#}")))?;
-        let instance = self.pre.instantiate(&mut store).map_err(|e| PolicyFault(format!("instantiation: {e:#}")))?;
+        store
+            .set_fuel(FUEL_PER_CALL)
+            .map_err(|e| PolicyFault(format!("{e:#}")))?;
+        let instance = self
+            .pre
+            .instantiate(&mut store)
+            .map_err(|e| PolicyFault(format!("instantiation: {e:#}")))?;
         f(&instance, &mut store).map_err(|e| PolicyFault(format!("{e:#}")))
     }
 
@@ -274,8 +307,14 @@ impl LoadedPolicy {
         self.call(view, |p, s| p.tollgate_policy_decide().call_admit(s, req))
     }
 
-    pub fn on_failure(&self, view: DecisionView, report: &FailureReport) -> Result<RetryDecision, PolicyFault> {
-        self.call(view, |p, s| p.tollgate_policy_decide().call_on_failure(s, report))
+    pub fn on_failure(
+        &self,
+        view: DecisionView,
+        report: &FailureReport,
+    ) -> Result<RetryDecision, PolicyFault> {
+        self.call(view, |p, s| {
+            p.tollgate_policy_decide().call_on_failure(s, report)
+        })
     }
 
     pub fn self_check(&self, view: DecisionView) -> Result<Result<(), String>, PolicyFault> {
@@ -319,7 +358,9 @@ mod tests {
     #[test]
     fn broken_policy_is_refused_with_what_is_missing() {
         let rt = Runtime::new().unwrap();
-        let err = rt.load(builtin::get("broken").unwrap(), u64::MAX).unwrap_err();
+        let err = rt
+            .load(builtin::get("broken").unwrap(), u64::MAX)
+            .unwrap_err();
         let text = err.to_string();
         assert!(matches!(err, LoadError::World(_)), "{text}");
         assert!(text.contains("tollgate:policy/decide"), "{text}");
@@ -328,15 +369,26 @@ mod tests {
     #[test]
     fn not_a_component_is_refused() {
         let rt = Runtime::new().unwrap();
-        assert!(matches!(rt.load(b"\0asm garbage", u64::MAX), Err(LoadError::Compile(_))));
-        assert!(matches!(rt.load(&[0u8; 100], 10), Err(LoadError::TooBig { .. })));
+        assert!(matches!(
+            rt.load(b"\0asm garbage", u64::MAX),
+            Err(LoadError::Compile(_))
+        ));
+        assert!(matches!(
+            rt.load(&[0u8; 100], 10),
+            Err(LoadError::TooBig { .. })
+        ));
     }
 
     #[test]
     fn standard_policy_describes_itself() {
         let rt = Runtime::new().unwrap();
-        let p = rt.load(builtin::get("standard").unwrap(), u64::MAX).unwrap();
+        let p = rt
+            .load(builtin::get("standard").unwrap(), u64::MAX)
+            .unwrap();
         assert_eq!(p.info.name, "standard");
-        assert_eq!(p.digest, PolicyDigest::of(builtin::get("standard").unwrap()));
+        assert_eq!(
+            p.digest,
+            PolicyDigest::of(builtin::get("standard").unwrap())
+        );
     }
 }

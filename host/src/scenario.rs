@@ -104,12 +104,27 @@ struct NoArgs {}
 fn expect_fields(op: &str) -> &'static [&'static str] {
     match op {
         "admit" => &[
-            "outcome", "reason", "http", "retry_after_ms", "attempt", "reserved_tokens",
-            "max_output_tokens", "optional_context_tokens", "degraded", "state", "result_ref",
+            "outcome",
+            "reason",
+            "http",
+            "retry_after_ms",
+            "attempt",
+            "reserved_tokens",
+            "max_output_tokens",
+            "optional_context_tokens",
+            "degraded",
+            "state",
+            "result_ref",
         ],
         "complete" => &["ok", "error", "retry"],
         "reconcile" => &["ok", "error"],
-        "dispatch" => &["claimed", "claimed_count", "claimed_by_tenant", "expired", "reason"],
+        "dispatch" => &[
+            "claimed",
+            "claimed_count",
+            "claimed_by_tenant",
+            "expired",
+            "reason",
+        ],
         "swap_policy" => &["ok", "error_contains"],
         "inspect" => &["buckets", "slots", "queues", "operations"],
         _ => &[],
@@ -153,16 +168,25 @@ fn args<T: DeserializeOwned>(v: Value) -> Result<T, String> {
 impl Scenario {
     /// Reads and checks a scenario file.
     pub fn load(path: &Path) -> Result<Scenario, ScenarioError> {
-        let err = |message: String| ScenarioError { path: path.display().to_string(), message };
+        let err = |message: String| ScenarioError {
+            path: path.display().to_string(),
+            message,
+        };
         let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
         let file: File = serde_json::from_str(&text).map_err(|e| err(e.to_string()))?;
-        let config = Config::from_json(&file.config.unwrap_or_else(|| json!({}))).map_err(|e| err(e.to_string()))?;
+        let config = Config::from_json(&file.config.unwrap_or_else(|| json!({})))
+            .map_err(|e| err(e.to_string()))?;
         let mut steps = Vec::new();
         let mut last_at = i64::MIN;
         for (i, raw) in file.steps.into_iter().enumerate() {
             let step_err = |m: String| err(format!("step {i}: {m}"));
-            let Value::Object(mut obj) = raw else { return Err(step_err("a step is an object".into())) };
-            let at_ms = obj.remove("at_ms").and_then(|v| v.as_i64()).ok_or_else(|| step_err("at_ms (integer) is required".into()))?;
+            let Value::Object(mut obj) = raw else {
+                return Err(step_err("a step is an object".into()));
+            };
+            let at_ms = obj
+                .remove("at_ms")
+                .and_then(|v| v.as_i64())
+                .ok_or_else(|| step_err("at_ms (integer) is required".into()))?;
             if at_ms < last_at {
                 return Err(step_err("at_ms must not decrease".into()));
             }
@@ -176,7 +200,9 @@ impl Scenario {
                 Some(Value::Object(m)) => {
                     let allowed = expect_fields(&op_name);
                     if let Some(bad) = m.keys().find(|k| !allowed.contains(&k.as_str())) {
-                        return Err(step_err(format!("expect field {bad:?} is not one of {allowed:?} for {op_name}")));
+                        return Err(step_err(format!(
+                            "expect field {bad:?} is not one of {allowed:?} for {op_name}"
+                        )));
                     }
                     Some(m)
                 }
@@ -194,9 +220,20 @@ impl Scenario {
                 other => Err(format!("unknown op {other:?}")),
             }
             .map_err(step_err)?;
-            steps.push(Step { at_ms, op_name, op, expect });
+            steps.push(Step {
+                at_ms,
+                op_name,
+                op,
+                expect,
+            });
         }
-        Ok(Scenario { name: file.name, path: path.to_path_buf(), config, policy: file.policy, steps })
+        Ok(Scenario {
+            name: file.name,
+            path: path.to_path_buf(),
+            config,
+            policy: file.policy,
+            steps,
+        })
     }
 }
 
@@ -211,7 +248,11 @@ pub struct Mismatch {
 
 impl fmt::Display for Mismatch {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "step {} ({}): expected {} got {}", self.step, self.op, self.expected, self.actual)
+        write!(
+            f,
+            "step {} ({}): expected {} got {}",
+            self.step, self.op, self.expected, self.actual
+        )
     }
 }
 
@@ -222,8 +263,11 @@ pub fn resolve_policy(spec: &str, base: Option<&Path>) -> Result<Vec<u8>, String
         return Ok(bytes.to_vec());
     }
     if spec.ends_with(".wasm") {
-        let candidates: Vec<PathBuf> =
-            base.map(|b| b.join(spec)).into_iter().chain(std::iter::once(PathBuf::from(spec))).collect();
+        let candidates: Vec<PathBuf> = base
+            .map(|b| b.join(spec))
+            .into_iter()
+            .chain(std::iter::once(PathBuf::from(spec)))
+            .collect();
         for c in &candidates {
             if let Ok(bytes) = std::fs::read(c) {
                 return Ok(bytes);
@@ -232,7 +276,10 @@ pub fn resolve_policy(spec: &str, base: Option<&Path>) -> Result<Vec<u8>, String
         return Err(format!("policy file {spec} not found"));
     }
     let names: Vec<&str> = builtin::names().collect();
-    Err(format!("unknown policy {spec:?} (built-in: {})", names.join(", ")))
+    Err(format!(
+        "unknown policy {spec:?} (built-in: {})",
+        names.join(", ")
+    ))
 }
 
 /// Runs scenarios against the engine, each in a fresh in-memory store.
@@ -244,7 +291,10 @@ pub struct Runner {
 
 impl Runner {
     pub fn new(runtime: Runtime) -> Self {
-        Runner { runtime, default_policy: "standard".into() }
+        Runner {
+            runtime,
+            default_policy: "standard".into(),
+        }
     }
 
     /// Runs one scenario; the mismatches, or an error when it could not run at all.
@@ -256,17 +306,35 @@ impl Runner {
     /// Runs one scenario on a given (empty) store.
     pub fn run_on<S: Store>(&self, s: &Scenario, store: S) -> Result<Vec<Mismatch>, ScenarioError> {
         let base = s.path.parent();
-        let spec = s.policy.clone().unwrap_or_else(|| self.default_policy.clone());
+        let spec = s
+            .policy
+            .clone()
+            .unwrap_or_else(|| self.default_policy.clone());
         let bytes = resolve_policy(&spec, base).map_err(|m| self.err(s, m))?;
-        let policy = self.runtime.load(&bytes, s.config.max_policy_bytes).map_err(|e| self.err(s, e.to_string()))?;
-        let engine = Engine::new(s.config.clone(), store, self.runtime.clone(), Arc::new(policy));
+        let policy = self
+            .runtime
+            .load(&bytes, s.config.max_policy_bytes)
+            .map_err(|e| self.err(s, e.to_string()))?;
+        let engine = Engine::new(
+            s.config.clone(),
+            store,
+            self.runtime.clone(),
+            Arc::new(policy),
+        );
         let mut mismatches = Vec::new();
         for (i, step) in s.steps.iter().enumerate() {
-            let actual = self.step(&engine, step, base).map_err(|m| self.err(s, format!("step {i}: {m}")))?;
+            let actual = self
+                .step(&engine, step, base)
+                .map_err(|m| self.err(s, format!("step {i}: {m}")))?;
             if let Some(expect) = &step.expect {
                 let expected = Value::Object(expect.clone());
                 if !matches_expect(&step.op_name, expect, &actual) {
-                    mismatches.push(Mismatch { step: i, op: step.op_name.clone(), expected, actual });
+                    mismatches.push(Mismatch {
+                        step: i,
+                        op: step.op_name.clone(),
+                        expected,
+                        actual,
+                    });
                 }
             }
         }
@@ -274,10 +342,18 @@ impl Runner {
     }
 
     fn err(&self, s: &Scenario, message: String) -> ScenarioError {
-        ScenarioError { path: s.path.display().to_string(), message }
+        ScenarioError {
+            path: s.path.display().to_string(),
+            message,
+        }
     }
 
-    fn step<S: Store>(&self, engine: &Engine<S>, step: &Step, base: Option<&Path>) -> Result<Value, String> {
+    fn step<S: Store>(
+        &self,
+        engine: &Engine<S>,
+        step: &Step,
+        base: Option<&Path>,
+    ) -> Result<Value, String> {
         let now = step.at_ms;
         let to_value = |v: Result<Value, crate::store::StoreError>| v.map_err(|e| e.to_string());
         match &step.op {
@@ -343,14 +419,23 @@ fn matches_expect(op: &str, expect: &Map<String, Value>, actual: &Value) -> bool
                 let listed = got.as_array().cloned().unwrap_or_default();
                 want.as_array().is_some_and(|wants| {
                     wants.iter().all(|w| {
-                        listed.iter().any(|a| a.get("tenant") == w.get("tenant") && a.get("key") == w.get("key") && matches(w, a))
+                        listed.iter().any(|a| {
+                            a.get("tenant") == w.get("tenant")
+                                && a.get("key") == w.get("key")
+                                && matches(w, a)
+                        })
                     })
                 })
             }
             ("dispatch", "expired") => {
                 // Expiry order is not part of the contract.
                 let sorted = |v: &Value| {
-                    let mut xs: Vec<String> = v.as_array().into_iter().flatten().map(|x| json!({"tenant": x["tenant"], "key": x["key"]}).to_string()).collect();
+                    let mut xs: Vec<String> = v
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .map(|x| json!({"tenant": x["tenant"], "key": x["key"]}).to_string())
+                        .collect();
                     xs.sort();
                     xs
                 };
@@ -371,9 +456,13 @@ fn matches(want: &Value, got: &Value) -> bool {
                 && w.get("max").and_then(Value::as_f64).is_none_or(|m| x <= m)
         }
         Value::Object(w) => {
-            got.is_object() && w.iter().all(|(k, v)| matches(v, got.get(k).unwrap_or(&Value::Null)))
+            got.is_object()
+                && w.iter()
+                    .all(|(k, v)| matches(v, got.get(k).unwrap_or(&Value::Null)))
         }
-        Value::Array(w) => got.as_array().is_some_and(|g| g.len() == w.len() && w.iter().zip(g).all(|(a, b)| matches(a, b))),
+        Value::Array(w) => got
+            .as_array()
+            .is_some_and(|g| g.len() == w.len() && w.iter().zip(g).all(|(a, b)| matches(a, b))),
         Value::Number(n) => got.as_f64().is_some_and(|g| Some(g) == n.as_f64()),
         other => other == got,
     }

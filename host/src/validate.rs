@@ -142,7 +142,11 @@ mod tests {
             ("body_ref", json!(1)),
             ("unexpected", json!(1)),
         ] {
-            assert_eq!(request(&with(field, value.clone()), &c), Err(Reason::InvalidRequest), "{field}={value}");
+            assert_eq!(
+                request(&with(field, value.clone()), &c),
+                Err(Reason::InvalidRequest),
+                "{field}={value}"
+            );
         }
         assert!(request(&with("key", json!("é".repeat(255))), &c).is_ok());
     }
@@ -150,8 +154,14 @@ mod tests {
     #[test]
     fn tenant_then_size() {
         let c = config();
-        assert_eq!(request(&with("tenant", json!("nobody")), &c), Err(Reason::UnknownTenant));
-        assert_eq!(request(&with("size_bytes", json!(65537)), &c), Err(Reason::TooLarge));
+        assert_eq!(
+            request(&with("tenant", json!("nobody")), &c),
+            Err(Reason::UnknownTenant)
+        );
+        assert_eq!(
+            request(&with("size_bytes", json!(65537)), &c),
+            Err(Reason::TooLarge)
+        );
         let mut missing = base();
         missing.as_object_mut().unwrap().remove("tenant");
         assert_eq!(request(&missing, &c), Err(Reason::InvalidRequest));

@@ -107,7 +107,10 @@ pub(crate) fn fingerprint(req: &Request) -> String {
 /// What step 2 found: a final answer, or the attempt a fresh admission would start.
 enum Existing {
     Answer(Decision),
-    Fresh { attempt: u32, prior: Option<Operation> },
+    Fresh {
+        attempt: u32,
+        prior: Option<Box<Operation>>,
+    },
 }
 
 impl<S: Store> Engine<S> {
@@ -126,7 +129,13 @@ impl<S: Store> Engine<S> {
         self.transaction(|tx| self.admit_in(tx, &policy, req, now_ms))
     }
 
-    fn admit_in(&self, tx: &mut dyn Tx, policy: &LoadedPolicy, req: &Request, now_ms: i64) -> Result<Decision, StoreError> {
+    fn admit_in(
+        &self,
+        tx: &mut dyn Tx,
+        policy: &LoadedPolicy,
+        req: &Request,
+        now_ms: i64,
+    ) -> Result<Decision, StoreError> {
         let fp = fingerprint(req);
         let (attempt, prior) = match existing(tx, req, &fp, now_ms)? {
             Existing::Answer(d) => return Ok(d),
@@ -164,7 +173,11 @@ impl<S: Store> Engine<S> {
             Err(_fault) => return Ok(with_policy(Decision::rejected(Reason::PolicyError, None))),
             Ok(Admission::Refuse(r)) => {
                 let reason = refusal_reason(r.reason);
-                let retry_after = if reason == Reason::TooLarge { None } else { r.retry_after_ms };
+                let retry_after = if reason == Reason::TooLarge {
+                    None
+                } else {
+                    r.retry_after_ms
+                };
                 return Ok(with_policy(Decision::rejected(reason, retry_after)));
             }
             Ok(Admission::Admit(plan)) => plan,
@@ -180,10 +193,14 @@ impl<S: Store> Engine<S> {
             Route::Interactive => (plan.max_output_tokens, plan.optional_context_tokens),
             Route::Durable => (req.max_output_tokens, req.optional_context_tokens),
         };
-        let degraded = max_output < req.max_output_tokens || optional_context < req.optional_context_tokens;
+        let degraded =
+            max_output < req.max_output_tokens || optional_context < req.optional_context_tokens;
 
         if i128::from(now_ms) + i128::from(plan.estimated_exec_ms) >= i128::from(deadline_ms) {
-            return Ok(with_policy(Decision::rejected(Reason::DeadlineExceeded, None)));
+            return Ok(with_policy(Decision::rejected(
+                Reason::DeadlineExceeded,
+                None,
+            )));
         }
         let reserved = req.input_tokens + optional_context + max_output;
         let tenant = self.config.tenant(&req.tenant).expect("validated tenant");
@@ -199,7 +216,12 @@ impl<S: Store> Engine<S> {
                 slots: true,
                 busy_retry_after_ms: plan.busy_retry_after_ms,
             },
-            Route::Durable => Needs { requests: true, tokens: 0, slots: false, busy_retry_after_ms: None },
+            Route::Durable => Needs {
+                requests: true,
+                tokens: 0,
+                slots: false,
+                busy_retry_after_ms: None,
+            },
         };
         let reservation = match budgets.check(tx, now_ms, &needs)? {
             Ok(r) => r,
@@ -207,7 +229,10 @@ impl<S: Store> Engine<S> {
         };
         // Durable: the queue bound comes after the request buckets (SPEC.md step 7).
         if req.route == Route::Durable && tx.queue_depth(&req.tenant)? >= tenant.queue_limit {
-            let full = Refusal { reason: Reason::QueueFull, retry_after_ms: plan.busy_retry_after_ms };
+            let full = Refusal {
+                reason: Reason::QueueFull,
+                retry_after_ms: plan.busy_retry_after_ms,
+            };
             return Ok(with_policy(Decision::refused(full)));
         }
         let taken = reservation.apply(tx)?;
@@ -270,13 +295,20 @@ pub(crate) fn expire_at(deadline_ms: i64, estimated_exec_ms: u64) -> i64 {
 /// Step 2: the operation's state decides duplicates, conflicts and retries.
 fn existing(tx: &mut dyn Tx, req: &Request, fp: &str, now_ms: i64) -> Result<Existing, StoreError> {
     let Some(op) = tx.operation(&req.tenant, &req.key)? else {
-        return Ok(Existing::Fresh { attempt: 1, prior: None });
+        return Ok(Existing::Fresh {
+            attempt: 1,
+            prior: None,
+        });
     };
     if op.fingerprint != fp {
-        return Ok(Existing::Answer(Decision::about(Outcome::Conflict, &op).without_details()));
+        return Ok(Existing::Answer(
+            Decision::about(Outcome::Conflict, &op).without_details(),
+        ));
     }
     Ok(Existing::Answer(match op.state {
-        OpState::Queued | OpState::Active | OpState::Failed => Decision::about(Outcome::DuplicateActive, &op),
+        OpState::Queued | OpState::Active | OpState::Failed => {
+            Decision::about(Outcome::DuplicateActive, &op)
+        }
         OpState::Unknown => Decision::rejected(Reason::UnknownOutcomePending, None),
         OpState::Succeeded | OpState::FailedFinal | OpState::Expired => {
             Decision::about(Outcome::DuplicateCompleted, &op)
@@ -286,7 +318,10 @@ fn existing(tx: &mut dyn Tx, req: &Request, fp: &str, now_ms: i64) -> Result<Exi
             if now_ms < not_before {
                 Decision::rejected(Reason::RetryTooEarly, Some((not_before - now_ms) as u64))
             } else {
-                return Ok(Existing::Fresh { attempt: op.attempt + 1, prior: Some(op) });
+                return Ok(Existing::Fresh {
+                    attempt: op.attempt + 1,
+                    prior: Some(Box::new(op)),
+                });
             }
         }
     }))

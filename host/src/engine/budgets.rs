@@ -50,7 +50,10 @@ pub(crate) struct SlotRef {
 
 impl SlotRef {
     pub fn level(&self, tx: &mut dyn Tx) -> Result<SlotLevel, StoreError> {
-        Ok(SlotLevel { in_use: tx.slots_in_use(&self.scope)?, limit: self.limit })
+        Ok(SlotLevel {
+            in_use: tx.slots_in_use(&self.scope)?,
+            limit: self.limit,
+        })
     }
 }
 
@@ -102,7 +105,10 @@ impl Reservation {
         for (scope, in_use) in self.tenant_slot.iter().chain(self.global_slot.iter()) {
             tx.set_slots_in_use(scope, in_use + 1)?;
         }
-        Ok(Taken { global_slot: self.global_slot.is_some(), tenant_slot: self.tenant_slot.is_some() })
+        Ok(Taken {
+            global_slot: self.global_slot.is_some(),
+            tenant_slot: self.tenant_slot.is_some(),
+        })
     }
 }
 
@@ -117,15 +123,24 @@ pub(crate) struct Budgets {
 
 impl Budgets {
     pub fn global_requests(config: &Config) -> BucketRef {
-        BucketRef { name: "global.requests".into(), limits: config.global_requests.limits() }
+        BucketRef {
+            name: "global.requests".into(),
+            limits: config.global_requests.limits(),
+        }
     }
 
     pub fn tenant_requests(name: &str, t: &TenantConfig) -> BucketRef {
-        BucketRef { name: format!("tenant.{name}.requests"), limits: t.requests.limits() }
+        BucketRef {
+            name: format!("tenant.{name}.requests"),
+            limits: t.requests.limits(),
+        }
     }
 
     pub fn tenant_tokens(name: &str, t: &TenantConfig) -> BucketRef {
-        BucketRef { name: format!("tenant.{name}.tokens"), limits: t.tokens.limits() }
+        BucketRef {
+            name: format!("tenant.{name}.tokens"),
+            limits: t.tokens.limits(),
+        }
     }
 
     pub fn for_tenant(config: &Config, name: &str, t: &TenantConfig) -> Self {
@@ -133,13 +148,24 @@ impl Budgets {
             tenant_requests: Self::tenant_requests(name, t),
             global_requests: Self::global_requests(config),
             tenant_tokens: Self::tenant_tokens(name, t),
-            tenant_slots: t.concurrency.map(|limit| SlotRef { scope: format!("tenant.{name}"), limit }),
-            global_slots: SlotRef { scope: "global".into(), limit: config.global_concurrency },
+            tenant_slots: t.concurrency.map(|limit| SlotRef {
+                scope: format!("tenant.{name}"),
+                limit,
+            }),
+            global_slots: SlotRef {
+                scope: "global".into(),
+                limit: config.global_concurrency,
+            },
         }
     }
 
     /// Checks every budget `needs` names, then spends them all, or spends nothing and says why.
-    pub fn reserve(&self, tx: &mut dyn Tx, now_ms: i64, needs: &Needs) -> Result<Result<Taken, Refusal>, StoreError> {
+    pub fn reserve(
+        &self,
+        tx: &mut dyn Tx,
+        now_ms: i64,
+        needs: &Needs,
+    ) -> Result<Result<Taken, Refusal>, StoreError> {
         match self.check(tx, now_ms, needs)? {
             Ok(r) => Ok(Ok(r.apply(tx)?)),
             Err(refusal) => Ok(Err(refusal)),
@@ -149,7 +175,12 @@ impl Budgets {
     /// Checks every budget `needs` names without writing. With several short budgets the
     /// reason is the first of SPEC.md's order, and the retry-after is the time until every
     /// short bucket holds what is needed.
-    pub fn check(&self, tx: &mut dyn Tx, now_ms: i64, needs: &Needs) -> Result<Result<Reservation, Refusal>, StoreError> {
+    pub fn check(
+        &self,
+        tx: &mut dyn Tx,
+        now_ms: i64,
+        needs: &Needs,
+    ) -> Result<Result<Reservation, Refusal>, StoreError> {
         let mut spends: Vec<(String, bucket::State)> = Vec::new();
         let mut short: Vec<Reason> = Vec::new();
         let mut bucket_short = false;
@@ -201,11 +232,18 @@ impl Budgets {
                 (true, false) => None,
                 (false, _) => needs.busy_retry_after_ms,
             };
-            return Ok(Err(Refusal { reason, retry_after_ms }));
+            return Ok(Err(Refusal {
+                reason,
+                retry_after_ms,
+            }));
         }
         Ok(Ok(Reservation {
             spends,
-            tenant_slot: self.tenant_slots.as_ref().zip(tenant_in_use).map(|(s, n)| (s.scope.clone(), n)),
+            tenant_slot: self
+                .tenant_slots
+                .as_ref()
+                .zip(tenant_in_use)
+                .map(|(s, n)| (s.scope.clone(), n)),
             global_slot: global_in_use.map(|n| (self.global_slots.scope.clone(), n)),
         }))
     }

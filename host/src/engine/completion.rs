@@ -47,16 +47,30 @@ pub struct CompletionAnswer {
 
 impl CompletionAnswer {
     fn error(word: &'static str) -> Self {
-        CompletionAnswer { ok: false, error: Some(word), retry: None, state: None }
+        CompletionAnswer {
+            ok: false,
+            error: Some(word),
+            retry: None,
+            state: None,
+        }
     }
 
     fn done(op: &Operation) -> Self {
-        CompletionAnswer { ok: true, error: None, retry: op.last_retry.clone(), state: Some(op.state) }
+        CompletionAnswer {
+            ok: true,
+            error: None,
+            retry: op.last_retry.clone(),
+            state: Some(op.state),
+        }
     }
 }
 
 fn give_up(reason: &str) -> RetryVerdict {
-    RetryVerdict { eligible: false, reason: Some(reason.to_string()), not_before_ms: None }
+    RetryVerdict {
+        eligible: false,
+        reason: Some(reason.to_string()),
+        not_before_ms: None,
+    }
 }
 
 /// Longest failure word kept; longer ones are cut (they are labels, not messages).
@@ -82,7 +96,11 @@ impl<S: Store> Engine<S> {
     }
 
     /// Resolves an `unknown` outcome; releases its slot.
-    pub fn reconcile(&self, r: &Reconciliation, now_ms: i64) -> Result<CompletionAnswer, StoreError> {
+    pub fn reconcile(
+        &self,
+        r: &Reconciliation,
+        now_ms: i64,
+    ) -> Result<CompletionAnswer, StoreError> {
         self.transaction(|tx| {
             let Some(mut op) = tx.operation(&r.tenant, &r.key)? else {
                 return Ok(CompletionAnswer::error("unknown_operation"));
@@ -100,11 +118,22 @@ impl<S: Store> Engine<S> {
                 op.result_ref = r.result_ref.clone();
             }
             tx.put_operation(&op)?;
-            Ok(CompletionAnswer { ok: true, error: None, retry: None, state: Some(op.state) })
+            Ok(CompletionAnswer {
+                ok: true,
+                error: None,
+                retry: None,
+                state: Some(op.state),
+            })
         })
     }
 
-    fn complete_in(&self, tx: &mut dyn Tx, policy: &LoadedPolicy, c: &Completion, now_ms: i64) -> Result<CompletionAnswer, StoreError> {
+    fn complete_in(
+        &self,
+        tx: &mut dyn Tx,
+        policy: &LoadedPolicy,
+        c: &Completion,
+        now_ms: i64,
+    ) -> Result<CompletionAnswer, StoreError> {
         let Some(mut op) = tx.operation(&c.tenant, &c.key)? else {
             return Ok(CompletionAnswer::error("unknown_operation"));
         };
@@ -148,7 +177,10 @@ impl<S: Store> Engine<S> {
                                     key: op.key.clone(),
                                     tokens: op.reserved_tokens,
                                     not_before_ms: not_before,
-                                    expire_at_ms: super::admission::expire_at(op.deadline_ms, op.estimated_exec_ms),
+                                    expire_at_ms: super::admission::expire_at(
+                                        op.deadline_ms,
+                                        op.estimated_exec_ms,
+                                    ),
                                 })?;
                             }
                         }
@@ -164,7 +196,14 @@ impl<S: Store> Engine<S> {
 
     /// Asks the policy whether a failed attempt may be retried. A fault gives up (fails
     /// closed); a retry time in the past is moved to now.
-    fn retry_verdict(&self, tx: &mut dyn Tx, policy: &LoadedPolicy, op: &Operation, c: &Completion, now_ms: i64) -> Result<RetryVerdict, StoreError> {
+    fn retry_verdict(
+        &self,
+        tx: &mut dyn Tx,
+        policy: &LoadedPolicy,
+        op: &Operation,
+        c: &Completion,
+        now_ms: i64,
+    ) -> Result<RetryVerdict, StoreError> {
         let report = runtime::FailureReport {
             tenant: op.tenant.clone(),
             key: op.key.clone(),
@@ -199,7 +238,13 @@ impl<S: Store> Engine<S> {
 
     /// Ends an attempt whose termination is known: releases what it holds (once) and
     /// refunds unused tokens when configured and usage is reported.
-    fn finish_attempt(&self, tx: &mut dyn Tx, op: &mut Operation, usage: Option<Usage>, now_ms: i64) -> Result<(), StoreError> {
+    fn finish_attempt(
+        &self,
+        tx: &mut dyn Tx,
+        op: &mut Operation,
+        usage: Option<Usage>,
+        now_ms: i64,
+    ) -> Result<(), StoreError> {
         if op.holds_slot {
             release_slot(tx, "global")?;
             op.holds_slot = false;
@@ -210,9 +255,11 @@ impl<S: Store> Engine<S> {
         }
         if op.tokens_reserved {
             op.tokens_reserved = false;
-            if let (true, Some(u), Some(t)) =
-                (self.config.refund_unused_tokens, usage, self.config.tenant(&op.tenant))
-            {
+            if let (true, Some(u), Some(t)) = (
+                self.config.refund_unused_tokens,
+                usage,
+                self.config.tenant(&op.tenant),
+            ) {
                 let used = u.input_tokens.saturating_add(u.output_tokens);
                 let unused = op.reserved_tokens.saturating_sub(used);
                 if unused > 0 {

@@ -71,7 +71,9 @@ const POSITION: &str = "scheduler_position";
 
 impl Position {
     fn load(tx: &mut dyn Tx) -> Result<Self, StoreError> {
-        let Some(raw) = tx.meta(POSITION)? else { return Ok(Position::default()) };
+        let Some(raw) = tx.meta(POSITION)? else {
+            return Ok(Position::default());
+        };
         let v: serde_json::Value = serde_json::from_str(&raw)?;
         Ok(Position {
             tenant: v["tenant"].as_str().map(str::to_string),
@@ -94,18 +96,37 @@ enum Blocked {
     /// The head job could not reserve tokens and a slot.
     Capacity,
     /// The head job needs more deficit than the tenant has (`drr_tokens`).
-    Deficit { head_tokens: u64, deficit: u64, quantum: u64 },
+    Deficit {
+        head_tokens: u64,
+        deficit: u64,
+        quantum: u64,
+    },
 }
 
 impl<S: Store> Engine<S> {
     /// Expires infeasible jobs, then claims up to `count` jobs for `worker`.
-    pub fn dispatch(&self, worker: &str, count: u32, now_ms: i64) -> Result<DispatchAnswer, StoreError> {
+    pub fn dispatch(
+        &self,
+        worker: &str,
+        count: u32,
+        now_ms: i64,
+    ) -> Result<DispatchAnswer, StoreError> {
         self.transaction(|tx| self.dispatch_in(tx, worker, count, now_ms))
     }
 
-    fn dispatch_in(&self, tx: &mut dyn Tx, worker: &str, count: u32, now_ms: i64) -> Result<DispatchAnswer, StoreError> {
+    fn dispatch_in(
+        &self,
+        tx: &mut dyn Tx,
+        worker: &str,
+        count: u32,
+        now_ms: i64,
+    ) -> Result<DispatchAnswer, StoreError> {
         let expired = expire(tx, now_ms)?;
-        let mut answer = DispatchAnswer { claimed: Vec::new(), expired, reason: None };
+        let mut answer = DispatchAnswer {
+            claimed: Vec::new(),
+            expired,
+            reason: None,
+        };
         if count == 0 {
             return Ok(answer);
         }
@@ -147,7 +168,11 @@ impl<S: Store> Engine<S> {
                         }
                         stalled.clear();
                     }
-                    pos = Position { tenant: Some(next.clone()), in_turn: true, taken: 0 };
+                    pos = Position {
+                        tenant: Some(next.clone()),
+                        in_turn: true,
+                        taken: 0,
+                    };
                     if self.config.discipline == Discipline::DrrTokens {
                         let d = tx.deficit(&next)?;
                         tx.set_deficit(&next, d.saturating_add(self.quantum(&next)))?;
@@ -188,7 +213,14 @@ impl<S: Store> Engine<S> {
 
     /// One claim attempt within `tenant`'s turn. On a claim the turn goes on unless its
     /// share is used up; otherwise the turn ends with why.
-    fn take_turn_step(&self, tx: &mut dyn Tx, tenant: &str, worker: &str, pos: &mut Position, now_ms: i64) -> Result<Result<Claim, Blocked>, StoreError> {
+    fn take_turn_step(
+        &self,
+        tx: &mut dyn Tx,
+        tenant: &str,
+        worker: &str,
+        pos: &mut Position,
+        now_ms: i64,
+    ) -> Result<Result<Claim, Blocked>, StoreError> {
         let Some(head) = tx.ready_head(tenant, now_ms)? else {
             if self.config.discipline == Discipline::DrrTokens && tx.queue_depth(tenant)? == 0 {
                 tx.set_deficit(tenant, 0)?;
@@ -198,7 +230,11 @@ impl<S: Store> Engine<S> {
         let drr = self.config.discipline == Discipline::DrrTokens;
         let deficit = if drr { tx.deficit(tenant)? } else { 0 };
         if drr && head.tokens > deficit {
-            return Ok(Err(Blocked::Deficit { head_tokens: head.tokens, deficit, quantum: self.quantum(tenant) }));
+            return Ok(Err(Blocked::Deficit {
+                head_tokens: head.tokens,
+                deficit,
+                quantum: self.quantum(tenant),
+            }));
         }
         let Some(claim) = self.claim(tx, &head, worker, now_ms)? else {
             if drr {
@@ -227,11 +263,19 @@ impl<S: Store> Engine<S> {
     /// After a cycle with no claim, gives deficit-blocked tenants the turns they would need
     /// all at once, so that a job larger than the quantum does not take many empty cycles.
     /// Returns whether another cycle can claim anything.
-    fn fast_forward(&self, tx: &mut dyn Tx, stalled: &[(String, Blocked)]) -> Result<bool, StoreError> {
+    fn fast_forward(
+        &self,
+        tx: &mut dyn Tx,
+        stalled: &[(String, Blocked)],
+    ) -> Result<bool, StoreError> {
         let waiting: Vec<(&String, u64, u64, u64)> = stalled
             .iter()
             .filter_map(|(t, b)| match *b {
-                Blocked::Deficit { head_tokens, deficit, quantum } => Some((t, head_tokens, deficit, quantum)),
+                Blocked::Deficit {
+                    head_tokens,
+                    deficit,
+                    quantum,
+                } => Some((t, head_tokens, deficit, quantum)),
                 _ => None,
             })
             .collect();
@@ -245,13 +289,22 @@ impl<S: Store> Engine<S> {
         // The next turn adds one quantum itself; add the turns before it here.
         let extra = rounds.saturating_sub(1);
         for (tenant, _, deficit, quantum) in waiting {
-            tx.set_deficit(tenant, deficit.saturating_add(extra.saturating_mul(quantum)))?;
+            tx.set_deficit(
+                tenant,
+                deficit.saturating_add(extra.saturating_mul(quantum)),
+            )?;
         }
         Ok(true)
     }
 
     /// Reserves tokens and slots for a queued job and hands it to `worker`, all or nothing.
-    fn claim(&self, tx: &mut dyn Tx, job: &QueuedJob, worker: &str, now_ms: i64) -> Result<Option<Claim>, StoreError> {
+    fn claim(
+        &self,
+        tx: &mut dyn Tx,
+        job: &QueuedJob,
+        worker: &str,
+        now_ms: i64,
+    ) -> Result<Option<Claim>, StoreError> {
         let Some(mut op) = tx.operation(&job.tenant, &job.key)? else {
             // A queue entry without its operation cannot be dispatched; drop it.
             tx.dequeue(&job.tenant, &job.key)?;
@@ -261,7 +314,12 @@ impl<S: Store> Engine<S> {
             return Ok(None);
         };
         let budgets = Budgets::for_tenant(&self.config, &job.tenant, tenant);
-        let needs = Needs { requests: false, tokens: job.tokens, slots: true, busy_retry_after_ms: None };
+        let needs = Needs {
+            requests: false,
+            tokens: job.tokens,
+            slots: true,
+            busy_retry_after_ms: None,
+        };
         let taken = match budgets.reserve(tx, now_ms, &needs)? {
             Ok(t) => t,
             Err(_) => return Ok(None),

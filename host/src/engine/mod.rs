@@ -91,7 +91,10 @@ impl<S: Store> Engine<S> {
             params,
             runtime,
             store: Mutex::new(store),
-            policies: RwLock::new(Policies { active: policy, previous: None }),
+            policies: RwLock::new(Policies {
+                active: policy,
+                previous: None,
+            }),
         }
     }
 
@@ -102,10 +105,17 @@ impl<S: Store> Engine<S> {
     /// The policy new decisions use. A decision holds this `Arc` for its whole run, so a
     /// swap meanwhile cannot change the version it decides with.
     pub fn active_policy(&self) -> Arc<LoadedPolicy> {
-        self.policies.read().unwrap_or_else(|e| e.into_inner()).active.clone()
+        self.policies
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .active
+            .clone()
     }
 
-    fn transaction<T>(&self, f: impl FnOnce(&mut dyn Tx) -> Result<T, StoreError>) -> Result<T, StoreError> {
+    fn transaction<T>(
+        &self,
+        f: impl FnOnce(&mut dyn Tx) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
         let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
         store.transaction(f)
     }
@@ -124,10 +134,16 @@ impl<S: Store> Engine<S> {
             let mut slots = BTreeMap::new();
             let mut queues = BTreeMap::new();
             let global = Budgets::global_requests(&self.config);
-            buckets.insert(global.name.clone(), global.level(tx, now_ms)?.whole_credits());
+            buckets.insert(
+                global.name.clone(),
+                global.level(tx, now_ms)?.whole_credits(),
+            );
             slots.insert("global".to_string(), tx.slots_in_use("global")?);
             for (name, tenant) in &self.config.tenants {
-                for b in [Budgets::tenant_requests(name, tenant), Budgets::tenant_tokens(name, tenant)] {
+                for b in [
+                    Budgets::tenant_requests(name, tenant),
+                    Budgets::tenant_tokens(name, tenant),
+                ] {
                     buckets.insert(b.name.clone(), b.level(tx, now_ms)?.whole_credits());
                 }
                 if tenant.concurrency.is_some() {
@@ -138,7 +154,14 @@ impl<S: Store> Engine<S> {
             }
             let operations = tx.operations()?.iter().map(OperationView::of).collect();
             let downstream_available = downstream_available(tx)?;
-            Ok(Inspection { buckets, slots, queues, operations, downstream_available, policy })
+            Ok(Inspection {
+                buckets,
+                slots,
+                queues,
+                operations,
+                downstream_available,
+                policy,
+            })
         })
     }
 
@@ -159,13 +182,24 @@ impl<S: Store> Engine<S> {
     }
 
     /// The snapshot a policy decides from, for one tenant at `now_ms`.
-    fn view(&self, tx: &mut dyn Tx, tenant: &str, key: &str, attempt: u32, now_ms: i64) -> Result<DecisionView, StoreError> {
+    fn view(
+        &self,
+        tx: &mut dyn Tx,
+        tenant: &str,
+        key: &str,
+        attempt: u32,
+        now_ms: i64,
+    ) -> Result<DecisionView, StoreError> {
         let jitter = Jitter::new(self.config.seed, tenant, key, attempt);
         let Some(t) = self.config.tenant(tenant) else {
             // An operation stored under a tenant no longer configured: nothing to read.
             let mut view = DecisionView::scratch(self.params.clone());
             (view.now_ms, view.jitter) = (now_ms, jitter);
-            (view.global_requests, view.tenant_requests, view.tenant_tokens) = (None, None, None);
+            (
+                view.global_requests,
+                view.tenant_requests,
+                view.tenant_tokens,
+            ) = (None, None, None);
             (view.global_slots, view.tenant_slots) = (None, None);
             return Ok(view);
         };
@@ -192,5 +226,8 @@ fn downstream_available(tx: &mut dyn Tx) -> Result<bool, StoreError> {
 }
 
 fn job_ref(tenant: &str, key: &str) -> JobRef {
-    JobRef { tenant: tenant.to_string(), key: key.to_string() }
+    JobRef {
+        tenant: tenant.to_string(),
+        key: key.to_string(),
+    }
 }

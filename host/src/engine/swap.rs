@@ -19,7 +19,11 @@ pub struct PolicyIdentity {
 
 impl PolicyIdentity {
     pub fn of(p: &LoadedPolicy) -> Self {
-        PolicyIdentity { name: p.info.name.clone(), version: p.info.version.clone(), sha256: p.digest.to_string() }
+        PolicyIdentity {
+            name: p.info.name.clone(),
+            version: p.info.version.clone(),
+            sha256: p.digest.to_string(),
+        }
     }
 }
 
@@ -48,14 +52,21 @@ impl<S: Store> Engine<S> {
         }
         let candidate = Arc::new(candidate);
         if let Some(tenant) = self.config.tenants.keys().next() {
-            let scratch = Engine::new(self.config.clone(), SqliteStore::in_memory()?, self.runtime.clone(), candidate.clone());
+            let scratch = Engine::new(
+                self.config.clone(),
+                SqliteStore::in_memory()?,
+                self.runtime.clone(),
+                candidate.clone(),
+            );
             let request = serde_json::json!({
                 "tenant": tenant, "key": "tollgate-smoke", "route": "interactive",
                 "input_tokens": 1, "max_output_tokens": 1, "deadline_ms": 3_600_000
             });
             let decision = scratch.admit(&request, 0)?;
             if decision.reason == Some(Reason::PolicyError) {
-                return Err(SwapError::Smoke("an ordinary admission faulted or broke the plan contract".into()));
+                return Err(SwapError::Smoke(
+                    "an ordinary admission faulted or broke the plan contract".into(),
+                ));
             }
         }
         Ok(candidate)

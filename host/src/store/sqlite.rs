@@ -54,7 +54,11 @@ impl SqliteStore {
     fn init(conn: Connection) -> Result<Self, StoreError> {
         conn.execute_batch(SCHEMA)?;
         let version: Option<String> = conn
-            .query_row("SELECT value FROM meta WHERE name = 'schema_version'", [], |r| r.get(0))
+            .query_row(
+                "SELECT value FROM meta WHERE name = 'schema_version'",
+                [],
+                |r| r.get(0),
+            )
             .optional()?;
         match version.map(|v| v.parse::<i64>()) {
             None => {
@@ -106,9 +110,16 @@ fn job_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<QueuedJob> {
 
 impl Tx for SqliteTx<'_> {
     fn bucket(&mut self, name: &str) -> Result<Option<bucket::State>, StoreError> {
-        let mut st = self.tx.prepare_cached("SELECT balance_micro, updated_ms FROM buckets WHERE name = ?1")?;
+        let mut st = self
+            .tx
+            .prepare_cached("SELECT balance_micro, updated_ms FROM buckets WHERE name = ?1")?;
         Ok(st
-            .query_row([name], |r| Ok(bucket::State { balance_micro: r.get(0)?, updated_ms: r.get(1)? }))
+            .query_row([name], |r| {
+                Ok(bucket::State {
+                    balance_micro: r.get(0)?,
+                    updated_ms: r.get(1)?,
+                })
+            })
             .optional()?)
     }
 
@@ -122,8 +133,13 @@ impl Tx for SqliteTx<'_> {
     }
 
     fn slots_in_use(&mut self, scope: &str) -> Result<u32, StoreError> {
-        let mut st = self.tx.prepare_cached("SELECT in_use FROM slots WHERE scope = ?1")?;
-        Ok(st.query_row([scope], |r| r.get::<_, u32>(0)).optional()?.unwrap_or(0))
+        let mut st = self
+            .tx
+            .prepare_cached("SELECT in_use FROM slots WHERE scope = ?1")?;
+        Ok(st
+            .query_row([scope], |r| r.get::<_, u32>(0))
+            .optional()?
+            .unwrap_or(0))
     }
 
     fn set_slots_in_use(&mut self, scope: &str, in_use: u32) -> Result<(), StoreError> {
@@ -136,7 +152,9 @@ impl Tx for SqliteTx<'_> {
     }
 
     fn operation(&mut self, tenant: &str, key: &str) -> Result<Option<Operation>, StoreError> {
-        let mut st = self.tx.prepare_cached("SELECT record FROM operations WHERE tenant = ?1 AND key = ?2")?;
+        let mut st = self
+            .tx
+            .prepare_cached("SELECT record FROM operations WHERE tenant = ?1 AND key = ?2")?;
         let record: Option<String> = st.query_row([tenant, key], |r| r.get(0)).optional()?;
         Ok(record.map(|r| serde_json::from_str(&r)).transpose()?)
     }
@@ -147,12 +165,20 @@ impl Tx for SqliteTx<'_> {
             "INSERT INTO operations (tenant, key, state, worker, record) VALUES (?1, ?2, ?3, ?4, ?5)
              ON CONFLICT (tenant, key) DO UPDATE SET state = ?3, worker = ?4, record = ?5",
         )?;
-        st.execute(params![op.tenant, op.key, op.state.as_str(), op.worker, record])?;
+        st.execute(params![
+            op.tenant,
+            op.key,
+            op.state.as_str(),
+            op.worker,
+            record
+        ])?;
         Ok(())
     }
 
     fn operations(&mut self) -> Result<Vec<Operation>, StoreError> {
-        let mut st = self.tx.prepare_cached("SELECT record FROM operations ORDER BY tenant, key")?;
+        let mut st = self
+            .tx
+            .prepare_cached("SELECT record FROM operations ORDER BY tenant, key")?;
         let rows = st.query_map([], |r| r.get::<_, String>(0))?;
         let mut out = Vec::new();
         for row in rows {
@@ -169,7 +195,9 @@ impl Tx for SqliteTx<'_> {
     }
 
     fn meta(&mut self, name: &str) -> Result<Option<String>, StoreError> {
-        let mut st = self.tx.prepare_cached("SELECT value FROM meta WHERE name = ?1")?;
+        let mut st = self
+            .tx
+            .prepare_cached("SELECT value FROM meta WHERE name = ?1")?;
         Ok(st.query_row([name], |r| r.get(0)).optional()?)
     }
 
@@ -210,8 +238,13 @@ impl Tx for SqliteTx<'_> {
     }
 
     fn queue_depth(&mut self, tenant: &str) -> Result<u32, StoreError> {
-        let mut st = self.tx.prepare_cached("SELECT depth FROM tenant_queues WHERE tenant = ?1")?;
-        Ok(st.query_row([tenant], |r| r.get(0)).optional()?.unwrap_or(0))
+        let mut st = self
+            .tx
+            .prepare_cached("SELECT depth FROM tenant_queues WHERE tenant = ?1")?;
+        Ok(st
+            .query_row([tenant], |r| r.get(0))
+            .optional()?
+            .unwrap_or(0))
     }
 
     fn ready_head(&mut self, tenant: &str, now_ms: i64) -> Result<Option<QueuedJob>, StoreError> {
@@ -219,7 +252,9 @@ impl Tx for SqliteTx<'_> {
             "SELECT tenant, key, tokens, not_before_ms, expire_at_ms FROM queue
              WHERE tenant = ?1 AND not_before_ms <= ?2 ORDER BY seq LIMIT 1",
         )?;
-        Ok(st.query_row(params![tenant, now_ms], job_from_row).optional()?)
+        Ok(st
+            .query_row(params![tenant, now_ms], job_from_row)
+            .optional()?)
     }
 
     fn next_backlogged(&mut self, after: Option<&str>) -> Result<Option<String>, StoreError> {
@@ -240,8 +275,13 @@ impl Tx for SqliteTx<'_> {
     }
 
     fn deficit(&mut self, tenant: &str) -> Result<u64, StoreError> {
-        let mut st = self.tx.prepare_cached("SELECT deficit FROM tenant_queues WHERE tenant = ?1")?;
-        Ok(st.query_row([tenant], |r| r.get::<_, i64>(0)).optional()?.unwrap_or(0) as u64)
+        let mut st = self
+            .tx
+            .prepare_cached("SELECT deficit FROM tenant_queues WHERE tenant = ?1")?;
+        Ok(st
+            .query_row([tenant], |r| r.get::<_, i64>(0))
+            .optional()?
+            .unwrap_or(0) as u64)
     }
 
     fn set_deficit(&mut self, tenant: &str, deficit: u64) -> Result<(), StoreError> {
