@@ -12,7 +12,9 @@ use tollgate::Engine;
 pub fn engine_on<S: Store>(config: Value, store: S, policy: &str) -> Engine<S> {
     let runtime = Runtime::new().expect("wasmtime starts");
     let config = Config::from_json(&config).expect("valid configuration");
-    let policy = runtime.load(builtin::get(policy).expect("built-in policy"), u64::MAX).expect("policy loads");
+    let policy = runtime
+        .load(builtin::get(policy).expect("built-in policy"), u64::MAX)
+        .expect("policy loads");
     Engine::new(config, store, runtime, Arc::new(policy))
 }
 

@@ -7,7 +7,11 @@ use tollgate::scenario::{collect, Runner, Scenario};
 
 fn run_folder(folder: &Path) -> usize {
     let files = collect(&[folder.to_path_buf()]).expect("scenario folder readable");
-    assert!(!files.is_empty(), "no scenario files in {}", folder.display());
+    assert!(
+        !files.is_empty(),
+        "no scenario files in {}",
+        folder.display()
+    );
     let runner = Runner::new(Runtime::new().unwrap());
     let mut failures = Vec::new();
     for file in &files {
@@ -17,18 +21,29 @@ fn run_folder(folder: &Path) -> usize {
             Err(e) => failures.push(e.to_string()),
         }
     }
-    assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} failures:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
     files.len()
 }
 
 fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
 }
 
 #[test]
 fn project_scenarios_pass() {
     let n = run_folder(&root().join("tests/scenarios"));
-    assert!(n >= 20, "expected the project's scenario set, found {n} files");
+    assert!(
+        n >= 20,
+        "expected the project's scenario set, found {n} files"
+    );
 }
 
 #[test]
@@ -37,7 +52,10 @@ fn public_scenarios_pass() {
     if shared.is_dir() {
         run_folder(&shared);
     } else {
-        eprintln!("{} not present; the project scenarios still ran", shared.display());
+        eprintln!(
+            "{} not present; the project scenarios still ran",
+            shared.display()
+        );
     }
 }
 
@@ -65,10 +83,22 @@ fn unknown_fields_make_the_file_invalid() {
     let dir = tempfile::tempdir().unwrap();
     for (name, body) in [
         ("top", r#"{"name": "x", "steps": [], "extra": 1}"#),
-        ("step", r#"{"name": "x", "steps": [{"at_ms": 0, "op": "inspect", "colour": 1}]}"#),
-        ("expect", r#"{"name": "x", "steps": [{"at_ms": 0, "op": "inspect", "expect": {"bukets": {}}}]}"#),
-        ("config", r#"{"name": "x", "config": {"tenant": {}}, "steps": []}"#),
-        ("op", r#"{"name": "x", "steps": [{"at_ms": 0, "op": "teleport"}]}"#),
+        (
+            "step",
+            r#"{"name": "x", "steps": [{"at_ms": 0, "op": "inspect", "colour": 1}]}"#,
+        ),
+        (
+            "expect",
+            r#"{"name": "x", "steps": [{"at_ms": 0, "op": "inspect", "expect": {"bukets": {}}}]}"#,
+        ),
+        (
+            "config",
+            r#"{"name": "x", "config": {"tenant": {}}, "steps": []}"#,
+        ),
+        (
+            "op",
+            r#"{"name": "x", "steps": [{"at_ms": 0, "op": "teleport"}]}"#,
+        ),
     ] {
         let path = dir.path().join(format!("{name}.json"));
         std::fs::write(&path, body).unwrap();

@@ -20,7 +20,10 @@ const LARGEST_JOB: u64 = 3000;
 struct Lcg(u64);
 impl Lcg {
     fn next(&mut self, below: u64) -> u64 {
-        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         (self.0 >> 33) % below
     }
 }
@@ -39,7 +42,13 @@ fn engine(discipline: &str) -> Engine<SqliteStore> {
 }
 
 /// Keeps every queue at least `depth` deep with jobs of random size; returns each job's tokens.
-fn top_up(e: &Engine<SqliteStore>, rng: &mut Lcg, next_key: &mut u64, sizes: &mut BTreeMap<String, u64>, depth: u32) {
+fn top_up(
+    e: &Engine<SqliteStore>,
+    rng: &mut Lcg,
+    next_key: &mut u64,
+    sizes: &mut BTreeMap<String, u64>,
+    depth: u32,
+) {
     let depths = e.queue_depths().unwrap();
     for (tenant, _) in WEIGHTS {
         for _ in depths[tenant]..depth {
@@ -61,7 +70,8 @@ fn run(discipline: &str, claims: usize, mut check: impl FnMut(usize, &BTreeMap<&
     let mut next_key = 0;
     let mut sizes = BTreeMap::new();
     // tenant -> (jobs, tokens) served
-    let mut served: BTreeMap<&str, (u64, u64)> = WEIGHTS.iter().map(|(t, _)| (*t, (0, 0))).collect();
+    let mut served: BTreeMap<&str, (u64, u64)> =
+        WEIGHTS.iter().map(|(t, _)| (*t, (0, 0))).collect();
     for n in 1..=claims {
         top_up(&e, &mut rng, &mut next_key, &mut sizes, 4);
         let answer = e.dispatch("w", 1, 0).unwrap();
@@ -71,8 +81,15 @@ fn run(discipline: &str, claims: usize, mut check: impl FnMut(usize, &BTreeMap<&
         let entry = served.get_mut(c.tenant.as_str()).unwrap();
         entry.0 += 1;
         entry.1 += c.reserved_tokens;
-        let done = Completion { tenant: c.tenant.clone(), key: c.key.clone(), result: CallResult::Succeeded,
-                                usage: None, failure: None, provider_retry_after_ms: None, result_ref: None };
+        let done = Completion {
+            tenant: c.tenant.clone(),
+            key: c.key.clone(),
+            result: CallResult::Succeeded,
+            usage: None,
+            failure: None,
+            provider_retry_after_ms: None,
+            result_ref: None,
+        };
         assert!(e.complete(&done, 0).unwrap().ok);
         check(n, &served);
     }
@@ -86,7 +103,11 @@ fn wrr_job_shares_are_exact_at_full_rounds() {
         if n as u64 % total_weight == 0 {
             let rounds = n as u64 / total_weight;
             for (tenant, weight) in WEIGHTS {
-                assert_eq!(served[tenant].0, weight * rounds, "{tenant} after {n} claims: {served:?}");
+                assert_eq!(
+                    served[tenant].0,
+                    weight * rounds,
+                    "{tenant} after {n} claims: {served:?}"
+                );
             }
             rounds_checked += 1;
         }
@@ -105,7 +126,10 @@ fn drr_token_shares_stay_within_the_bound() {
             let deviation = (served[tenant].1 as f64 - fair).abs();
             let bound = (1000 * weight + LARGEST_JOB) as f64;
             worst = worst.max(deviation / bound);
-            assert!(deviation <= bound, "{tenant} after {n} claims: {served:?} deviates {deviation} > {bound}");
+            assert!(
+                deviation <= bound,
+                "{tenant} after {n} claims: {served:?} deviates {deviation} > {bound}"
+            );
         }
     });
     eprintln!("worst deviation: {:.0}% of the bound", worst * 100.0);

@@ -12,7 +12,12 @@ fn spin_is_stopped_and_the_engine_keeps_deciding() {
     let engine = common::engine(json!({"tenants": {"acme": {}}}), "faulty");
     for kind in ["spin", "hog", "trap"] {
         let started = Instant::now();
-        let d = engine.admit(&common::request("acme", &format!("{kind}-1"), "interactive", 10, 60_000), 0).unwrap();
+        let d = engine
+            .admit(
+                &common::request("acme", &format!("{kind}-1"), "interactive", 10, 60_000),
+                0,
+            )
+            .unwrap();
         let took = started.elapsed();
         assert_eq!(d.reason, Some(Reason::PolicyError), "{kind}");
         assert_eq!(d.http, 503);
@@ -26,8 +31,16 @@ fn spin_is_stopped_and_the_engine_keeps_deciding() {
     assert!(after.operations.is_empty());
     // The same key may be admitted afresh later, and ordinary keys decide normally.
     for i in 0..20 {
-        let d = engine.admit(&common::request("acme", &format!("ok-{i}"), "interactive", 10, 60_000), 1).unwrap();
-        assert!(matches!(d.outcome, Outcome::Accepted) || d.reason == Some(Reason::GlobalConcurrency), "{d:?}");
+        let d = engine
+            .admit(
+                &common::request("acme", &format!("ok-{i}"), "interactive", 10, 60_000),
+                1,
+            )
+            .unwrap();
+        assert!(
+            matches!(d.outcome, Outcome::Accepted) || d.reason == Some(Reason::GlobalConcurrency),
+            "{d:?}"
+        );
     }
 }
 
@@ -37,8 +50,17 @@ fn no_decision_sees_another_decisions_guest_memory() {
     // instance and decides exactly as an untouched engine does.
     let dirty = common::engine(json!({"tenants": {"acme": {}}}), "faulty");
     let clean = common::engine(json!({"tenants": {"acme": {}}}), "faulty");
-    let _ = dirty.admit(&common::request("acme", "hog-x", "interactive", 10, 60_000), 0).unwrap();
-    let a = dirty.admit(&common::request("acme", "k", "interactive", 10, 60_000), 0).unwrap();
-    let b = clean.admit(&common::request("acme", "k", "interactive", 10, 60_000), 0).unwrap();
+    let _ = dirty
+        .admit(
+            &common::request("acme", "hog-x", "interactive", 10, 60_000),
+            0,
+        )
+        .unwrap();
+    let a = dirty
+        .admit(&common::request("acme", "k", "interactive", 10, 60_000), 0)
+        .unwrap();
+    let b = clean
+        .admit(&common::request("acme", "k", "interactive", 10, 60_000), 0)
+        .unwrap();
     assert_eq!(a, b);
 }

@@ -15,7 +15,12 @@ fn tollgate(args: &[&str], stdin: Option<&str>) -> String {
         .spawn()
         .unwrap();
     if let Some(input) = stdin {
-        child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(input.as_bytes())
+            .unwrap();
     }
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success(), "tollgate {args:?} failed");
@@ -35,14 +40,21 @@ fn decisions_survive_a_restart_of_the_process() {
     let (db, config) = (db.to_str().unwrap(), config.to_str().unwrap());
     let decide = |key: &str| -> Value {
         let req = common::request("acme", key, "interactive", 10, 60_000).to_string();
-        serde_json::from_str(&tollgate(&["decide", "--db", db, "--config", config, "--now", "0"], Some(&req))).unwrap()
+        serde_json::from_str(&tollgate(
+            &["decide", "--db", db, "--config", config, "--now", "0"],
+            Some(&req),
+        ))
+        .unwrap()
     };
     // Each call is a new process on the same file.
     assert_eq!(decide("k1")["outcome"], "accepted");
     assert_eq!(decide("k1")["outcome"], "duplicate_active");
     assert_eq!(decide("k2")["outcome"], "accepted");
     let third = decide("k3");
-    assert_eq!(third["reason"], "tenant_rate", "the bucket spent by earlier processes stays spent");
+    assert_eq!(
+        third["reason"], "tenant_rate",
+        "the bucket spent by earlier processes stays spent"
+    );
     let ops = tollgate(&["ops", "--db", db, "--config", config], None);
     assert!(ops.contains("acme\tk1\tactive\t1"), "{ops}");
     assert!(ops.contains("acme\tk2\tactive\t1"), "{ops}");
@@ -55,9 +67,15 @@ fn queue_survives_reopening_the_store() {
     let path = dir.path().join("queue.db");
     let config = json!({"tenants": {"a": {}, "b": {}}, "global": {"concurrency": 10}});
     {
-        let engine = common::engine_on(config.clone(), tollgate::store::SqliteStore::open(&path).unwrap(), "standard");
+        let engine = common::engine_on(
+            config.clone(),
+            tollgate::store::SqliteStore::open(&path).unwrap(),
+            "standard",
+        );
         for (t, k) in [("a", "1"), ("a", "2"), ("b", "1")] {
-            let d = engine.admit(&common::request(t, k, "durable", 10, 60_000), 0).unwrap();
+            let d = engine
+                .admit(&common::request(t, k, "durable", 10, 60_000), 0)
+                .unwrap();
             assert_eq!(d.outcome, tollgate::reason::Outcome::Queued);
         }
         let first = engine.dispatch("w", 1, 1).unwrap();
@@ -65,12 +83,26 @@ fn queue_survives_reopening_the_store() {
         assert_eq!(first.claimed[0].tenant, "a");
         // Dropped without any shutdown step: only committed transactions count.
     }
-    let engine = common::engine_on(config, tollgate::store::SqliteStore::open(&path).unwrap(), "standard");
-    assert_eq!(engine.queue_depths().unwrap(), [("a".to_string(), 1), ("b".to_string(), 1)].into());
+    let engine = common::engine_on(
+        config,
+        tollgate::store::SqliteStore::open(&path).unwrap(),
+        "standard",
+    );
+    assert_eq!(
+        engine.queue_depths().unwrap(),
+        [("a".to_string(), 1), ("b".to_string(), 1)].into()
+    );
     // The round-robin position survived too: b's turn comes next.
     let next = engine.dispatch("w", 2, 2).unwrap();
-    let keys: Vec<(String, String)> = next.claimed.iter().map(|c| (c.tenant.clone(), c.key.clone())).collect();
-    assert_eq!(keys, vec![("b".into(), "1".into()), ("a".into(), "2".into())]);
+    let keys: Vec<(String, String)> = next
+        .claimed
+        .iter()
+        .map(|c| (c.tenant.clone(), c.key.clone()))
+        .collect();
+    assert_eq!(
+        keys,
+        vec![("b".into(), "1".into()), ("a".into(), "2".into())]
+    );
     let inspection = engine.inspect(2).unwrap();
     assert_eq!(inspection.slots["global"], 3);
 }
@@ -91,10 +123,21 @@ fn killed_process_leaves_a_consistent_store() {
     )
     .unwrap();
     let requests: String = (0..200_000)
-        .map(|i| common::request("acme", &format!("k{i}"), "interactive", 10, 60_000).to_string() + "\n")
+        .map(|i| {
+            common::request("acme", &format!("k{i}"), "interactive", 10, 60_000).to_string() + "\n"
+        })
         .collect();
     let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
-        .args(["decide", "--lines", "--now", "0", "--db", db.to_str().unwrap(), "--config", config.to_str().unwrap()])
+        .args([
+            "decide",
+            "--lines",
+            "--now",
+            "0",
+            "--db",
+            db.to_str().unwrap(),
+            "--config",
+            config.to_str().unwrap(),
+        ])
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::null())
         .spawn()
@@ -116,10 +159,19 @@ fn killed_process_leaves_a_consistent_store() {
     );
     let view = engine.inspect(0).unwrap();
     let admitted = view.operations.len() as i64;
-    assert!(admitted > 0, "the child admitted nothing before it was killed");
-    assert!(admitted < 200_000, "the child finished before it was killed");
+    assert!(
+        admitted > 0,
+        "the child admitted nothing before it was killed"
+    );
+    assert!(
+        admitted < 200_000,
+        "the child finished before it was killed"
+    );
     assert_eq!(view.buckets["tenant.acme.requests"], 100_000 - admitted);
     assert_eq!(view.buckets["global.requests"], 100_000 - admitted);
-    assert_eq!(view.buckets["tenant.acme.tokens"], 100_000_000 - 20 * admitted);
+    assert_eq!(
+        view.buckets["tenant.acme.tokens"],
+        100_000_000 - 20 * admitted
+    );
     assert_eq!(i64::from(view.slots["global"]), admitted);
 }

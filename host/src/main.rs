@@ -112,22 +112,36 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
         Command::Conformance {
             command: ConformanceCommand::Run { paths, policy },
         } => conformance(runtime, &paths, policy),
-        Command::Decide { engine, now, lines: true } => {
+        Command::Decide {
+            engine,
+            now,
+            lines: true,
+        } => {
             let engine = open_engine(runtime, &engine)?;
             let stdout = std::io::stdout();
             let mut out = std::io::BufWriter::new(stdout.lock());
             for line in std::io::stdin().lines() {
                 let line = line.map_err(|e| e.to_string())?;
                 let decision = match serde_json::from_str::<serde_json::Value>(&line) {
-                    Ok(request) => engine.admit(&request, now.unwrap_or_else(wall_clock_ms)).map_err(|e| e.to_string())?,
-                    Err(_) => tollgate::engine::Decision::rejected(tollgate::reason::Reason::InvalidRequest, None),
+                    Ok(request) => engine
+                        .admit(&request, now.unwrap_or_else(wall_clock_ms))
+                        .map_err(|e| e.to_string())?,
+                    Err(_) => tollgate::engine::Decision::rejected(
+                        tollgate::reason::Reason::InvalidRequest,
+                        None,
+                    ),
                 };
                 use std::io::Write;
-                writeln!(out, "{}", serde_json::to_string(&decision).unwrap()).map_err(|e| e.to_string())?;
+                writeln!(out, "{}", serde_json::to_string(&decision).unwrap())
+                    .map_err(|e| e.to_string())?;
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Decide { engine, now, lines: false } => {
+        Command::Decide {
+            engine,
+            now,
+            lines: false,
+        } => {
             let engine = open_engine(runtime, &engine)?;
             let mut input = String::new();
             std::io::stdin()
