@@ -3,9 +3,9 @@
 //! another left in guest memory and a faulted instance is never reused.
 
 use sha2::{Digest, Sha256};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use wasmtime::component::{Component, HasSelf, Linker};
 use wasmtime::{Engine, Store, StoreLimits, StoreLimitsBuilder};
 
@@ -204,6 +204,9 @@ impl bindings::tollgate::policy::host::Host for HostState {
 pub struct Runtime {
     engine: Engine,
     linker: Arc<Linker<HostState>>,
+    /// Compiled components by digest: identical bytes compile once per process, so swapping
+    /// back to a version seen before costs an instantiation check, not a compilation.
+    compiled: Arc<Mutex<HashMap<PolicyDigest, Component>>>,
 }
 
 impl Runtime {
@@ -219,6 +222,7 @@ impl Runtime {
         Ok(Runtime {
             engine,
             linker: Arc::new(linker),
+            compiled: Arc::default(),
         })
     }
 
@@ -231,15 +235,15 @@ impl Runtime {
                 limit: max_bytes,
             });
         }
-        let component = Component::new(&self.engine, bytes)
-            .map_err(|e| LoadError::Compile(format!("{e:#}")))?;
+        let digest = PolicyDigest::of(bytes);
+        let component = self.compile(&digest, bytes)?;
         let instance_pre = self
             .linker
             .instantiate_pre(&component)
             .map_err(|e| LoadError::World(format!("{e:#}")))?;
         let pre = PolicyPre::new(instance_pre).map_err(|e| LoadError::World(format!("{e:#}")))?;
         let mut policy = LoadedPolicy {
-            digest: PolicyDigest::of(bytes),
+            digest,
             info: PolicyInfo {
                 name: String::new(),
                 version: String::new(),
@@ -257,6 +261,29 @@ impl Runtime {
         }
         policy.info = info;
         Ok(policy)
+    }
+}
+
+impl Runtime {
+    fn compile(&self, digest: &PolicyDigest, bytes: &[u8]) -> Result<Component, LoadError> {
+        let cached = self
+            .compiled
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(digest)
+            .cloned();
+        if let Some(c) = cached {
+            return Ok(c);
+        }
+        let component = Component::new(&self.engine, bytes)
+            .map_err(|e| LoadError::Compile(format!("{e:#}")))?;
+        let mut cache = self.compiled.lock().unwrap_or_else(|e| e.into_inner());
+        // A bounded cache: a process that sees many versions forgets the old ones.
+        if cache.len() >= 32 {
+            cache.clear();
+        }
+        cache.insert(digest.clone(), component.clone());
+        Ok(component)
     }
 }
 
