@@ -100,7 +100,7 @@ fn wrr_job_shares_are_exact_at_full_rounds() {
     let total_weight: u64 = WEIGHTS.iter().map(|(_, w)| w).sum();
     let mut rounds_checked = 0;
     run("wrr", 400, |n, served| {
-        if n as u64 % total_weight == 0 {
+        if (n as u64).is_multiple_of(total_weight) {
             let rounds = n as u64 / total_weight;
             for (tenant, weight) in WEIGHTS {
                 assert_eq!(
