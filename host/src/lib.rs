@@ -8,6 +8,7 @@
 //! - [`config`], [`validate`], [`model`], [`reason`]: the vocabulary.
 //! - [`scenario`]: the conformance runner for scenario files.
 
+pub mod bench;
 pub mod bucket;
 pub mod config;
 pub mod engine;

@@ -50,6 +50,11 @@ enum Command {
         #[command(flatten)]
         engine: EngineArgs,
     },
+    /// Benchmarks (use a release build).
+    Bench {
+        #[command(subcommand)]
+        command: BenchCommand,
+    },
     /// Policy modules.
     Policy {
         #[command(subcommand)]
@@ -66,6 +71,22 @@ enum ConformanceCommand {
         /// Policy (built-in name or `.wasm` file) for scenarios that do not name one.
         #[arg(long, default_value = "standard")]
         policy: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// Claims per second at a large queue (many tenants, many jobs) next to a small one.
+    Dispatch {
+        #[arg(long, default_value_t = 10_000)]
+        tenants: u32,
+        #[arg(long, default_value_t = 1_000_000)]
+        jobs: u64,
+        #[arg(long, default_value_t = 20_000)]
+        claims: u64,
+        /// Print one JSON line at the end.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -178,6 +199,39 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Command::Bench {
+            command:
+                BenchCommand::Dispatch {
+                    tenants,
+                    jobs,
+                    claims,
+                    json,
+                },
+        } => {
+            let dir = tempfile_dir()?;
+            let small = tollgate::bench::dispatch(&dir, 10, 1_000, 1_000)?;
+            let large = tollgate::bench::dispatch(&dir, tenants, jobs, claims)?;
+            let _ = std::fs::remove_dir_all(&dir);
+            println!(
+                "{:>8} {:>10} {:>8} {:>12} {:>8}",
+                "tenants", "queued", "claims", "claims/s", "fill s"
+            );
+            for f in [&small, &large] {
+                println!(
+                    "{:>8} {:>10} {:>8} {:>12.0} {:>8.1}",
+                    f.tenants, f.queued_jobs, f.claims, f.claims_per_s, f.fill_s
+                );
+            }
+            let ratio = large.claims_per_s / small.claims_per_s;
+            println!("large/small claims per second: {ratio:.2}");
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({"small": small, "large": large, "ratio": ratio})
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Policy {
             command: PolicyCommand::List,
         } => {
@@ -264,6 +318,13 @@ fn open_engine(runtime: Runtime, args: &EngineArgs) -> Result<Engine<SqliteStore
         .load(&bytes, config.max_policy_bytes)
         .map_err(|e| e.to_string())?;
     Ok(Engine::new(config, store, runtime, Arc::new(policy)))
+}
+
+/// A private scratch folder for benchmark databases.
+fn tempfile_dir() -> Result<PathBuf, String> {
+    let dir = std::env::temp_dir().join(format!("tollgate-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    Ok(dir)
 }
 
 fn wall_clock_ms() -> i64 {

@@ -43,6 +43,8 @@ impl SqliteStore {
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        // 64 MiB of page cache: hot index pages stay in memory at large queue sizes.
+        conn.pragma_update(None, "cache_size", -65536)?;
         Self::init(conn)
     }
 
@@ -258,11 +260,23 @@ impl Tx for SqliteTx<'_> {
     }
 
     fn next_backlogged(&mut self, after: Option<&str>) -> Result<Option<String>, StoreError> {
-        let mut st = self.tx.prepare_cached(
-            "SELECT tenant FROM tenant_queues WHERE depth > 0 AND (?1 IS NULL OR tenant > ?1)
-             ORDER BY tenant LIMIT 1",
-        )?;
-        Ok(st.query_row([after], |r| r.get(0)).optional()?)
+        // Two statements, so that each is a plain seek on the partial index.
+        let row = match after {
+            Some(after) => self
+                .tx
+                .prepare_cached(
+                    "SELECT tenant FROM tenant_queues WHERE depth > 0 AND tenant > ?1
+                     ORDER BY tenant LIMIT 1",
+                )?
+                .query_row([after], |r| r.get(0))
+                .optional()?,
+            None => self
+                .tx
+                .prepare_cached("SELECT tenant FROM tenant_queues WHERE depth > 0 ORDER BY tenant LIMIT 1")?
+                .query_row([], |r| r.get(0))
+                .optional()?,
+        };
+        Ok(row)
     }
 
     fn infeasible(&mut self, now_ms: i64) -> Result<Vec<QueuedJob>, StoreError> {
