@@ -89,6 +89,7 @@ fn run(discipline: &str, claims: usize, mut check: impl FnMut(usize, &BTreeMap<&
             failure: None,
             provider_retry_after_ms: None,
             result_ref: None,
+            worker: None,
         };
         assert!(e.complete(&done, 0).unwrap().ok);
         check(n, &served);

@@ -7,6 +7,7 @@
 //! - [`bucket`]: token-bucket arithmetic, pure and clock-free.
 //! - [`config`], [`validate`], [`model`], [`reason`]: the vocabulary.
 //! - [`scenario`]: the conformance runner for scenario files.
+//! - [`service`]: `tollgate serve`, the engine behind HTTP.
 
 pub mod bench;
 pub mod bucket;
@@ -16,6 +17,7 @@ pub mod model;
 pub mod reason;
 pub mod runtime;
 pub mod scenario;
+pub mod service;
 pub mod store;
 pub mod validate;
 

@@ -50,6 +50,20 @@ enum Command {
         #[command(flatten)]
         engine: EngineArgs,
     },
+    /// Serve the engine over HTTP (SPEC.md section 10) until SIGTERM or SIGINT.
+    Serve {
+        /// Configuration file: the engine configuration plus `auth` and `policy`.
+        #[arg(long)]
+        config: PathBuf,
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        listen: String,
+        /// SQLite database file (created if missing).
+        #[arg(long, default_value = "tollgate.db")]
+        db: PathBuf,
+        /// Log as JSON lines instead of text.
+        #[arg(long)]
+        json_logs: bool,
+    },
     /// Benchmarks (use a release build).
     Bench {
         #[command(subcommand)]
@@ -101,6 +115,23 @@ enum PolicyCommand {
     },
     /// List the built-in policies with their identities.
     List,
+    /// Activate a policy on a running `tollgate serve` (validated there; refused modules change nothing).
+    Swap {
+        /// Built-in name or `.wasm` file.
+        policy: String,
+        #[arg(long, default_value = "http://127.0.0.1:8080")]
+        server: String,
+        /// An admin key of that server.
+        #[arg(long, env = "TOLLGATE_ADMIN_KEY")]
+        key: String,
+    },
+    /// Switch a running `tollgate serve` back to its previous policy.
+    Rollback {
+        #[arg(long, default_value = "http://127.0.0.1:8080")]
+        server: String,
+        #[arg(long, env = "TOLLGATE_ADMIN_KEY")]
+        key: String,
+    },
 }
 
 #[derive(clap::Args)]
@@ -232,6 +263,37 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Command::Serve {
+            config,
+            listen,
+            db,
+            json_logs,
+        } => serve(&config, &listen, &db, json_logs),
+        Command::Policy {
+            command:
+                PolicyCommand::Swap {
+                    policy,
+                    server,
+                    key,
+                },
+        } => {
+            let bytes = scenario::resolve_policy(&policy, None)?;
+            let url = format!("{}/v1/admin/policy", server.trim_end_matches('/'));
+            let response = ureq::put(&url)
+                .set("Authorization", &format!("Bearer {key}"))
+                .set("Content-Type", "application/wasm")
+                .send_bytes(&bytes);
+            print_admin_answer(response)
+        }
+        Command::Policy {
+            command: PolicyCommand::Rollback { server, key },
+        } => {
+            let url = format!("{}/v1/admin/policy/rollback", server.trim_end_matches('/'));
+            let response = ureq::post(&url)
+                .set("Authorization", &format!("Bearer {key}"))
+                .call();
+            print_admin_answer(response)
+        }
         Command::Policy {
             command: PolicyCommand::List,
         } => {
@@ -318,6 +380,52 @@ fn open_engine(runtime: Runtime, args: &EngineArgs) -> Result<Engine<SqliteStore
         .load(&bytes, config.max_policy_bytes)
         .map_err(|e| e.to_string())?;
     Ok(Engine::new(config, store, runtime, Arc::new(policy)))
+}
+
+fn print_admin_answer(response: Result<ureq::Response, ureq::Error>) -> Result<ExitCode, String> {
+    match response {
+        Ok(r) => {
+            println!("{}", r.into_string().unwrap_or_default());
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(ureq::Error::Status(code, r)) => {
+            println!("{code} {}", r.into_string().unwrap_or_default());
+            Ok(ExitCode::FAILURE)
+        }
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+fn serve(config: &Path, listen: &str, db: &Path, json_logs: bool) -> Result<ExitCode, String> {
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    if json_logs {
+        tracing_subscriber::fmt()
+            .json()
+            .with_env_filter(filter)
+            .init();
+    } else {
+        tracing_subscriber::fmt().with_env_filter(filter).init();
+    }
+    let text = std::fs::read_to_string(config).map_err(|e| format!("{}: {e}", config.display()))?;
+    let value: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| format!("{}: {e}", config.display()))?;
+    let config = tollgate::service::ServeConfig::from_json(&value)
+        .map_err(|e| format!("{}: {e}", config.display()))?;
+    let store = SqliteStore::open(db).map_err(|e| format!("{}: {e}", db.display()))?;
+    let (state, writer) = tollgate::service::build(config, store)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(listen).await.map_err(|e| format!("{listen}: {e}"))?;
+        tracing::info!(listen = %listener.local_addr().map_err(|e| e.to_string())?, db = %db.display(), "serving");
+        tollgate::service::serve(listener, state, writer, tollgate::service::shutdown_signal())
+            .await
+            .map_err(|e| e.to_string())
+    })?;
+    Ok(ExitCode::SUCCESS)
 }
 
 /// A private scratch folder for benchmark databases.

@@ -207,7 +207,11 @@ pub struct Runtime {
     /// Compiled components by digest: identical bytes compile once per process, so swapping
     /// back to a version seen before costs an instantiation check, not a compilation.
     compiled: Arc<Mutex<HashMap<PolicyDigest, Component>>>,
+    observer: Option<CallObserver>,
 }
+
+/// Told how long each guest call took (instantiation included), for metrics.
+pub type CallObserver = Arc<dyn Fn(std::time::Duration) + Send + Sync>;
 
 impl Runtime {
     pub fn new() -> wasmtime::Result<Self> {
@@ -223,6 +227,7 @@ impl Runtime {
             engine,
             linker: Arc::new(linker),
             compiled: Arc::default(),
+            observer: None,
         })
     }
 
@@ -243,6 +248,7 @@ impl Runtime {
             .map_err(|e| LoadError::World(format!("{e:#}")))?;
         let pre = PolicyPre::new(instance_pre).map_err(|e| LoadError::World(format!("{e:#}")))?;
         let mut policy = LoadedPolicy {
+            observer: self.observer.clone(),
             digest,
             info: PolicyInfo {
                 name: String::new(),
@@ -265,6 +271,11 @@ impl Runtime {
 }
 
 impl Runtime {
+    /// Reports the duration of every guest call of policies loaded from now on.
+    pub fn set_call_observer(&mut self, observer: CallObserver) {
+        self.observer = Some(observer);
+    }
+
     fn compile(&self, digest: &PolicyDigest, bytes: &[u8]) -> Result<Component, LoadError> {
         let cached = self
             .compiled
@@ -292,6 +303,7 @@ pub struct LoadedPolicy {
     pub digest: PolicyDigest,
     pub info: PolicyInfo,
     pre: PolicyPre<HostState>,
+    observer: Option<CallObserver>,
 }
 
 impl fmt::Debug for LoadedPolicy {
@@ -307,6 +319,19 @@ impl fmt::Debug for LoadedPolicy {
 impl LoadedPolicy {
     /// Runs one guest call in a fresh instance with fuel and memory limits.
     fn call<T>(
+        &self,
+        view: DecisionView,
+        f: impl FnOnce(&Policy, &mut Store<HostState>) -> wasmtime::Result<T>,
+    ) -> Result<T, PolicyFault> {
+        let started = std::time::Instant::now();
+        let result = self.call_unobserved(view, f);
+        if let Some(observe) = &self.observer {
+            observe(started.elapsed());
+        }
+        result
+    }
+
+    fn call_unobserved<T>(
         &self,
         view: DecisionView,
         f: impl FnOnce(&Policy, &mut Store<HostState>) -> wasmtime::Result<T>,

@@ -367,6 +367,7 @@ impl Runner {
                     failure: c.failure.clone(),
                     provider_retry_after_ms: c.provider_retry_after_ms,
                     result_ref: c.result_ref.clone(),
+                    worker: None,
                 };
                 to_value(engine.complete(&completion, now).map(|a| json!(a)))
             }
@@ -380,6 +381,7 @@ impl Runner {
                     },
                     usage: r.usage,
                     result_ref: r.result_ref.clone(),
+                    worker: None,
                 };
                 to_value(engine.reconcile(&rec, now).map(|a| json!(a)))
             }

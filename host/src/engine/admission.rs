@@ -129,7 +129,7 @@ impl<S: Store> Engine<S> {
         self.transaction(|tx| self.admit_in(tx, &policy, req, now_ms))
     }
 
-    fn admit_in(
+    pub(super) fn admit_in(
         &self,
         tx: &mut dyn Tx,
         policy: &LoadedPolicy,

@@ -20,6 +20,8 @@ pub struct Completion {
     pub failure: Option<String>,
     pub provider_retry_after_ms: Option<u64>,
     pub result_ref: Option<String>,
+    /// When a worker reports: it may act only on a job it claimed.
+    pub worker: Option<String>,
 }
 
 /// The resolution of an `unknown` outcome, once the caller knows it.
@@ -31,6 +33,8 @@ pub struct Reconciliation {
     pub resolution: CallResult,
     pub usage: Option<Usage>,
     pub result_ref: Option<String>,
+    /// When a worker reports: it may act only on a job it claimed.
+    pub worker: Option<String>,
 }
 
 /// The answer to `complete` or `reconcile`.
@@ -101,33 +105,43 @@ impl<S: Store> Engine<S> {
         r: &Reconciliation,
         now_ms: i64,
     ) -> Result<CompletionAnswer, StoreError> {
-        self.transaction(|tx| {
-            let Some(mut op) = tx.operation(&r.tenant, &r.key)? else {
-                return Ok(CompletionAnswer::error("unknown_operation"));
-            };
-            if op.state != OpState::Unknown {
-                return Ok(CompletionAnswer::error("not_unknown"));
-            }
-            self.finish_attempt(tx, &mut op, r.usage, now_ms)?;
-            op.state = match r.resolution {
-                CallResult::Succeeded => OpState::Succeeded,
-                // Work that went through the unknown region is never retried automatically.
-                _ => OpState::FailedFinal,
-            };
-            if r.result_ref.is_some() {
-                op.result_ref = r.result_ref.clone();
-            }
-            tx.put_operation(&op)?;
-            Ok(CompletionAnswer {
-                ok: true,
-                error: None,
-                retry: None,
-                state: Some(op.state),
-            })
+        self.transaction(|tx| self.reconcile_in(tx, r, now_ms))
+    }
+
+    pub(super) fn reconcile_in(
+        &self,
+        tx: &mut dyn Tx,
+        r: &Reconciliation,
+        now_ms: i64,
+    ) -> Result<CompletionAnswer, StoreError> {
+        let Some(mut op) = tx.operation(&r.tenant, &r.key)? else {
+            return Ok(CompletionAnswer::error("unknown_operation"));
+        };
+        if r.worker.is_some() && op.worker != r.worker {
+            return Ok(CompletionAnswer::error("not_claimed"));
+        }
+        if op.state != OpState::Unknown {
+            return Ok(CompletionAnswer::error("not_unknown"));
+        }
+        self.finish_attempt(tx, &mut op, r.usage, now_ms)?;
+        op.state = match r.resolution {
+            CallResult::Succeeded => OpState::Succeeded,
+            // Work that went through the unknown region is never retried automatically.
+            _ => OpState::FailedFinal,
+        };
+        if r.result_ref.is_some() {
+            op.result_ref = r.result_ref.clone();
+        }
+        tx.put_operation(&op)?;
+        Ok(CompletionAnswer {
+            ok: true,
+            error: None,
+            retry: None,
+            state: Some(op.state),
         })
     }
 
-    fn complete_in(
+    pub(super) fn complete_in(
         &self,
         tx: &mut dyn Tx,
         policy: &LoadedPolicy,
@@ -137,6 +151,9 @@ impl<S: Store> Engine<S> {
         let Some(mut op) = tx.operation(&c.tenant, &c.key)? else {
             return Ok(CompletionAnswer::error("unknown_operation"));
         };
+        if c.worker.is_some() && op.worker != c.worker {
+            return Ok(CompletionAnswer::error("not_claimed"));
+        }
         if op.state != OpState::Active {
             // Repeating the completion that ended the latest attempt changes nothing.
             return Ok(if op.last_result == Some(c.result) {

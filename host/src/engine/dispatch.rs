@@ -114,7 +114,7 @@ impl<S: Store> Engine<S> {
         self.transaction(|tx| self.dispatch_in(tx, worker, count, now_ms))
     }
 
-    fn dispatch_in(
+    pub(super) fn dispatch_in(
         &self,
         tx: &mut dyn Tx,
         worker: &str,

@@ -6,12 +6,14 @@
 //! invariant.
 
 mod admission;
+mod batch;
 mod budgets;
 mod completion;
 mod dispatch;
 mod swap;
 
 pub use admission::Decision;
+pub use batch::{Answer, Job};
 pub use completion::{Completion, CompletionAnswer, Reconciliation};
 pub use dispatch::{Claim, DispatchAnswer, DispatchReason};
 pub use swap::{PolicyIdentity, SwapError};
@@ -128,40 +130,51 @@ impl<S: Store> Engine<S> {
 
     /// The state of every budget, slot, queue and operation at `now_ms`.
     pub fn inspect(&self, now_ms: i64) -> Result<Inspection, StoreError> {
+        self.transaction(|tx| self.inspect_in(tx, now_ms, true))
+    }
+
+    fn inspect_in(
+        &self,
+        tx: &mut dyn Tx,
+        now_ms: i64,
+        with_operations: bool,
+    ) -> Result<Inspection, StoreError> {
         let policy = PolicyIdentity::of(&self.active_policy());
-        self.transaction(|tx| {
-            let mut buckets = BTreeMap::new();
-            let mut slots = BTreeMap::new();
-            let mut queues = BTreeMap::new();
-            let global = Budgets::global_requests(&self.config);
-            buckets.insert(
-                global.name.clone(),
-                global.level(tx, now_ms)?.whole_credits(),
-            );
-            slots.insert("global".to_string(), tx.slots_in_use("global")?);
-            for (name, tenant) in &self.config.tenants {
-                for b in [
-                    Budgets::tenant_requests(name, tenant),
-                    Budgets::tenant_tokens(name, tenant),
-                ] {
-                    buckets.insert(b.name.clone(), b.level(tx, now_ms)?.whole_credits());
-                }
-                if tenant.concurrency.is_some() {
-                    let scope = format!("tenant.{name}");
-                    slots.insert(scope.clone(), tx.slots_in_use(&scope)?);
-                }
-                queues.insert(name.clone(), tx.queue_depth(name)?);
+        let mut buckets = BTreeMap::new();
+        let mut slots = BTreeMap::new();
+        let mut queues = BTreeMap::new();
+        let global = Budgets::global_requests(&self.config);
+        buckets.insert(
+            global.name.clone(),
+            global.level(tx, now_ms)?.whole_credits(),
+        );
+        slots.insert("global".to_string(), tx.slots_in_use("global")?);
+        for (name, tenant) in &self.config.tenants {
+            for b in [
+                Budgets::tenant_requests(name, tenant),
+                Budgets::tenant_tokens(name, tenant),
+            ] {
+                buckets.insert(b.name.clone(), b.level(tx, now_ms)?.whole_credits());
             }
-            let operations = tx.operations()?.iter().map(OperationView::of).collect();
-            let downstream_available = downstream_available(tx)?;
-            Ok(Inspection {
-                buckets,
-                slots,
-                queues,
-                operations,
-                downstream_available,
-                policy,
-            })
+            if tenant.concurrency.is_some() {
+                let scope = format!("tenant.{name}");
+                slots.insert(scope.clone(), tx.slots_in_use(&scope)?);
+            }
+            queues.insert(name.clone(), tx.queue_depth(name)?);
+        }
+        let operations = if with_operations {
+            tx.operations()?.iter().map(OperationView::of).collect()
+        } else {
+            Vec::new()
+        };
+        let downstream_available = downstream_available(tx)?;
+        Ok(Inspection {
+            buckets,
+            slots,
+            queues,
+            operations,
+            downstream_available,
+            policy,
         })
     }
 

@@ -42,6 +42,17 @@ pub trait Store: Send {
     fn transaction<T, E>(&mut self, f: impl FnOnce(&mut dyn Tx) -> Result<T, E>) -> Result<T, E>
     where
         E: From<StoreError>;
+
+    /// Runs `n` pieces of work in one transaction (group commit). Each piece is still all or
+    /// nothing: one that fails is rolled back alone and the others commit. The default runs
+    /// each in a transaction of its own.
+    fn transaction_many<T>(
+        &mut self,
+        n: usize,
+        mut f: impl FnMut(usize, &mut dyn Tx) -> Result<T, StoreError>,
+    ) -> Result<Vec<Result<T, StoreError>>, StoreError> {
+        Ok((0..n).map(|i| self.transaction(|tx| f(i, tx))).collect())
+    }
 }
 
 /// The reads and writes of one transaction. Missing rows read as absent, never as errors.

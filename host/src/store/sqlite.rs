@@ -94,6 +94,29 @@ impl Store for SqliteStore {
         tx.commit().map_err(StoreError::from)?;
         Ok(result)
     }
+
+    fn transaction_many<T>(
+        &mut self,
+        n: usize,
+        mut f: impl FnMut(usize, &mut dyn Tx) -> Result<T, StoreError>,
+    ) -> Result<Vec<Result<T, StoreError>>, StoreError> {
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let mut out = Vec::with_capacity(n);
+        for i in 0..n {
+            tx.execute_batch("SAVEPOINT item")?;
+            let result = f(i, &mut SqliteTx { tx: &tx });
+            if result.is_ok() {
+                tx.execute_batch("RELEASE item")?;
+            } else {
+                tx.execute_batch("ROLLBACK TO item; RELEASE item")?;
+            }
+            out.push(result);
+        }
+        tx.commit()?;
+        Ok(out)
+    }
 }
 
 struct SqliteTx<'a> {
@@ -272,7 +295,9 @@ impl Tx for SqliteTx<'_> {
                 .optional()?,
             None => self
                 .tx
-                .prepare_cached("SELECT tenant FROM tenant_queues WHERE depth > 0 ORDER BY tenant LIMIT 1")?
+                .prepare_cached(
+                    "SELECT tenant FROM tenant_queues WHERE depth > 0 ORDER BY tenant LIMIT 1",
+                )?
                 .query_row([], |r| r.get(0))
                 .optional()?,
         };

@@ -1,0 +1,96 @@
+//! Work submitted in batches, for callers that group several decisions into one transaction
+//! (the HTTP service's single writer). Each job is still all or nothing on its own.
+
+use super::{Completion, Reconciliation, DOWNSTREAM};
+use super::{CompletionAnswer, Decision, DispatchAnswer, Engine, Inspection, OperationView};
+use crate::model::Request;
+use crate::store::{Store, StoreError};
+
+/// One unit of engine work.
+#[derive(Clone, Debug)]
+pub enum Job {
+    /// An admission of an already validated request.
+    Admit {
+        request: Request,
+        now_ms: i64,
+    },
+    Complete {
+        completion: Completion,
+        now_ms: i64,
+    },
+    Reconcile {
+        reconciliation: Reconciliation,
+        now_ms: i64,
+    },
+    Dispatch {
+        worker: String,
+        count: u32,
+        now_ms: i64,
+    },
+    SetDownstream {
+        available: bool,
+    },
+    Operation {
+        tenant: String,
+        key: String,
+    },
+    Inspect {
+        now_ms: i64,
+    },
+    /// As `Inspect`, without the list of operations (for metrics).
+    Levels {
+        now_ms: i64,
+    },
+}
+
+/// The answer to one [`Job`].
+#[derive(Clone, Debug)]
+pub enum Answer {
+    Decision(Decision),
+    Completion(CompletionAnswer),
+    Dispatch(DispatchAnswer),
+    Done,
+    Operation(Option<OperationView>),
+    Inspection(Box<Inspection>),
+}
+
+impl<S: Store> Engine<S> {
+    /// Runs `jobs` in one store transaction, each in a savepoint of its own, and answers
+    /// each. Nothing is answered before the transaction commits.
+    pub fn run_batch(&self, jobs: &[Job]) -> Result<Vec<Result<Answer, StoreError>>, StoreError> {
+        let policy = self.active_policy();
+        let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
+        store.transaction_many(jobs.len(), |i, tx| {
+            Ok(match &jobs[i] {
+                Job::Admit { request, now_ms } => {
+                    Answer::Decision(self.admit_in(tx, &policy, request, *now_ms)?)
+                }
+                Job::Complete { completion, now_ms } => {
+                    Answer::Completion(self.complete_in(tx, &policy, completion, *now_ms)?)
+                }
+                Job::Reconcile {
+                    reconciliation,
+                    now_ms,
+                } => Answer::Completion(self.reconcile_in(tx, reconciliation, *now_ms)?),
+                Job::Dispatch {
+                    worker,
+                    count,
+                    now_ms,
+                } => Answer::Dispatch(self.dispatch_in(tx, worker, *count, *now_ms)?),
+                Job::SetDownstream { available } => {
+                    tx.set_meta(DOWNSTREAM, if *available { "1" } else { "0" })?;
+                    Answer::Done
+                }
+                Job::Operation { tenant, key } => {
+                    Answer::Operation(tx.operation(tenant, key)?.as_ref().map(OperationView::of))
+                }
+                Job::Inspect { now_ms } => {
+                    Answer::Inspection(Box::new(self.inspect_in(tx, *now_ms, true)?))
+                }
+                Job::Levels { now_ms } => {
+                    Answer::Inspection(Box::new(self.inspect_in(tx, *now_ms, false)?))
+                }
+            })
+        })
+    }
+}

@@ -1,0 +1,146 @@
+//! The service configuration: the engine configuration of SPEC.md section 9 plus `auth` and
+//! the `policy` to load.
+
+use crate::config::Config;
+use serde::Deserialize;
+use std::collections::{BTreeMap, HashMap};
+
+/// Who a key belongs to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// A caller acting for one tenant.
+    Caller {
+        tenant: String,
+    },
+    /// A dispatch worker with its own name.
+    Worker {
+        name: String,
+    },
+    Admin,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AuthInput {
+    #[serde(default)]
+    callers: BTreeMap<String, String>,
+    #[serde(default)]
+    workers: WorkersInput,
+    #[serde(default)]
+    admins: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum WorkersInput {
+    /// Each key is its own worker name.
+    List(Vec<String>),
+    /// key → worker name.
+    Map(BTreeMap<String, String>),
+}
+
+impl Default for WorkersInput {
+    fn default() -> Self {
+        WorkersInput::List(Vec::new())
+    }
+}
+
+/// Everything `tollgate serve` needs from its configuration file.
+#[derive(Clone, Debug)]
+pub struct ServeConfig {
+    pub engine: Config,
+    pub keys: HashMap<String, Role>,
+    /// Built-in policy name or `.wasm` path (default `standard`).
+    pub policy: String,
+}
+
+impl ServeConfig {
+    /// Parses the file's JSON; every error names what is wrong.
+    pub fn from_json(value: &serde_json::Value) -> Result<ServeConfig, String> {
+        let mut obj = value
+            .as_object()
+            .cloned()
+            .ok_or("the configuration must be a JSON object")?;
+        let auth: AuthInput = match obj.remove("auth") {
+            Some(a) => serde_json::from_value(a).map_err(|e| format!("auth: {e}"))?,
+            None => AuthInput::default(),
+        };
+        let policy = match obj.remove("policy") {
+            None => "standard".to_string(),
+            Some(serde_json::Value::String(s)) => s,
+            Some(_) => {
+                return Err("policy must be a string (a built-in name or a .wasm path)".into())
+            }
+        };
+        let engine =
+            Config::from_json(&serde_json::Value::Object(obj)).map_err(|e| e.to_string())?;
+        let mut keys = HashMap::new();
+        let mut add = |key: String, role: Role| -> Result<(), String> {
+            if key.is_empty() {
+                return Err("auth: keys must not be empty".into());
+            }
+            if keys.insert(key, role).is_some() {
+                return Err("auth: a key is listed twice".into());
+            }
+            Ok(())
+        };
+        for (key, tenant) in auth.callers {
+            if engine.tenant(&tenant).is_none() {
+                return Err(format!("auth.callers: tenant {tenant:?} is not configured"));
+            }
+            add(key, Role::Caller { tenant })?;
+        }
+        match auth.workers {
+            WorkersInput::List(list) => {
+                for key in list {
+                    add(key.clone(), Role::Worker { name: key })?;
+                }
+            }
+            WorkersInput::Map(map) => {
+                for (key, name) in map {
+                    add(key, Role::Worker { name })?;
+                }
+            }
+        }
+        for key in auth.admins {
+            add(key, Role::Admin)?;
+        }
+        Ok(ServeConfig {
+            engine,
+            keys,
+            policy,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn roles_and_checks() {
+        let c = ServeConfig::from_json(&json!({
+            "tenants": {"acme": {}},
+            "auth": {"callers": {"ck": "acme"}, "workers": {"wk": "w1"}, "admins": ["ak"]},
+            "policy": "deny-all"
+        }))
+        .unwrap();
+        assert_eq!(
+            c.keys["ck"],
+            Role::Caller {
+                tenant: "acme".into()
+            }
+        );
+        assert_eq!(c.keys["wk"], Role::Worker { name: "w1".into() });
+        assert_eq!(c.keys["ak"], Role::Admin);
+        assert_eq!(c.policy, "deny-all");
+        let unknown = ServeConfig::from_json(&json!({"auth": {"callers": {"k": "nobody"}}}));
+        assert!(unknown.unwrap_err().contains("nobody"));
+        let twice = ServeConfig::from_json(
+            &json!({"tenants": {"a": {}}, "auth": {"callers": {"k": "a"}, "admins": ["k"]}}),
+        );
+        assert!(twice.is_err());
+        assert!(ServeConfig::from_json(&json!({"auth": {"callerz": {}}})).is_err());
+    }
+}

@@ -1,0 +1,104 @@
+//! Prometheus metrics: decisions by outcome and reason, HTTP answers by status, the policy
+//! version, bucket and slot gauges, and the policy call latency.
+
+use prometheus::{
+    Encoder, GaugeVec, Histogram, HistogramOpts, IntCounterVec, Opts, Registry, TextEncoder,
+};
+
+/// The service's metrics, registered in a registry of their own.
+#[derive(Clone)]
+pub struct Metrics {
+    registry: Registry,
+    pub decisions: IntCounterVec,
+    pub responses: IntCounterVec,
+    pub policy: GaugeVec,
+    pub buckets: GaugeVec,
+    pub slots: GaugeVec,
+    pub queues: GaugeVec,
+    pub policy_calls: Histogram,
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let registry = Registry::new();
+        let decisions = IntCounterVec::new(
+            Opts::new(
+                "tollgate_decisions_total",
+                "Admission decisions by outcome and reason",
+            ),
+            &["outcome", "reason"],
+        )
+        .unwrap();
+        let responses = IntCounterVec::new(
+            Opts::new("tollgate_http_responses_total", "HTTP answers by status"),
+            &["status"],
+        )
+        .unwrap();
+        let policy = GaugeVec::new(
+            Opts::new("tollgate_policy_info", "The active policy (value 1)"),
+            &["name", "version", "sha256"],
+        )
+        .unwrap();
+        let buckets = GaugeVec::new(
+            Opts::new("tollgate_bucket_credits", "Whole credits per bucket"),
+            &["bucket"],
+        )
+        .unwrap();
+        let slots = GaugeVec::new(
+            Opts::new("tollgate_slots_in_use", "Calls in flight per scope"),
+            &["scope"],
+        )
+        .unwrap();
+        let queues = GaugeVec::new(
+            Opts::new("tollgate_queue_depth", "Queued jobs per tenant"),
+            &["tenant"],
+        )
+        .unwrap();
+        let policy_calls = Histogram::with_opts(
+            HistogramOpts::new(
+                "tollgate_policy_call_seconds",
+                "Policy call latency (instantiate and call)",
+            )
+            .buckets(vec![
+                0.00001, 0.00002, 0.00005, 0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05,
+            ]),
+        )
+        .unwrap();
+        for c in [
+            Box::new(decisions.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(responses.clone()),
+            Box::new(policy.clone()),
+            Box::new(buckets.clone()),
+            Box::new(slots.clone()),
+            Box::new(queues.clone()),
+            Box::new(policy_calls.clone()),
+        ] {
+            registry.register(c).unwrap();
+        }
+        Metrics {
+            registry,
+            decisions,
+            responses,
+            policy,
+            buckets,
+            slots,
+            queues,
+            policy_calls,
+        }
+    }
+
+    /// The text exposition format.
+    pub fn render(&self) -> String {
+        let mut out = Vec::new();
+        TextEncoder::new()
+            .encode(&self.registry.gather(), &mut out)
+            .unwrap_or_default();
+        String::from_utf8(out).unwrap_or_default()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}

@@ -1,0 +1,697 @@
+//! `tollgate serve`: the engine behind HTTP/1.1 + JSON (SPEC.md section 10).
+//!
+//! Checks run in a fixed order, each answering before anything is read or spent: the key
+//! (401), its role (403), the body size (413, cut off, never read whole), the body's JSON and
+//! types (400). Engine work goes to the one writer thread (group commit); hot swaps compile
+//! on a blocking thread and switch atomically.
+
+mod config;
+mod metrics;
+mod writer;
+
+pub use config::{Role, ServeConfig};
+pub use metrics::Metrics;
+pub use writer::Writer;
+
+use crate::engine::{Answer, Completion, Engine, Job, Reconciliation};
+use crate::model::{CallResult, Usage};
+use crate::reason::Reason;
+use crate::runtime::{LoadedPolicy, Runtime};
+use crate::scenario::resolve_policy;
+use crate::store::SqliteStore;
+use crate::validate;
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How long a client may take to send its body (slow bodies are cut off with 408).
+pub const BODY_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a client may take to send its request headers.
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A wall clock in Unix milliseconds that never steps backwards.
+#[derive(Default)]
+pub struct Clock {
+    last: AtomicI64,
+}
+
+impl Clock {
+    pub fn now_ms(&self) -> i64 {
+        let wall = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as i64)
+            .unwrap_or(0);
+        let prev = self.last.fetch_max(wall, Ordering::Relaxed);
+        prev.max(wall)
+    }
+}
+
+/// What every handler shares.
+pub struct AppState {
+    pub engine: Arc<Engine<SqliteStore>>,
+    pub writer: Writer,
+    pub keys: std::collections::HashMap<String, Role>,
+    pub metrics: Metrics,
+    pub clock: Clock,
+}
+
+/// The service's error answers: `{"outcome": "rejected", "reason": word}`.
+struct Refusal {
+    status: StatusCode,
+    reason: &'static str,
+    retry_after_ms: Option<u64>,
+}
+
+fn refuse(status: u16, reason: &'static str) -> Refusal {
+    Refusal {
+        status: StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST),
+        reason,
+        retry_after_ms: None,
+    }
+}
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        let mut body = json!({"outcome": "rejected", "reason": self.reason});
+        if let Some(ms) = self.retry_after_ms {
+            body["retry_after_ms"] = json!(ms);
+        }
+        with_retry_after(self.status, body, self.retry_after_ms)
+    }
+}
+
+/// A JSON answer, with `Retry-After` (whole seconds, rounded up) when there is a retry-after.
+fn with_retry_after(status: StatusCode, body: Value, retry_after_ms: Option<u64>) -> Response {
+    let mut response = (status, axum::Json(body)).into_response();
+    if let Some(ms) = retry_after_ms {
+        let secs = ms.div_ceil(1000);
+        if let Ok(v) = HeaderValue::from_str(&secs.to_string()) {
+            response.headers_mut().insert(header::RETRY_AFTER, v);
+        }
+    }
+    response
+}
+
+type Shared = Arc<AppState>;
+
+/// The router of every endpoint.
+pub fn router(state: Shared) -> Router {
+    Router::new()
+        .route("/v1/admit", post(admit))
+        .route("/v1/operations/{key}/complete", post(complete))
+        .route("/v1/operations/{key}/reconcile", post(reconcile))
+        .route("/v1/operations/{key}", get(operation))
+        .route("/v1/dispatch", post(dispatch))
+        .route("/v1/admin/policy", get(policy_get).put(policy_put))
+        .route("/v1/admin/policy/rollback", post(policy_rollback))
+        .route("/v1/admin/downstream", post(downstream))
+        .route("/v1/admin/inspect", get(inspect))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/metrics", get(metrics))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            count_responses,
+        ))
+        .with_state(state)
+}
+
+async fn count_responses(
+    State(s): State<Shared>,
+    req: Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let response = next.run(req).await;
+    s.metrics
+        .responses
+        .with_label_values(&[response.status().as_str()])
+        .inc();
+    response
+}
+
+/// The role of the request's bearer key: 401 when missing or unknown.
+fn role(s: &AppState, headers: &HeaderMap) -> Result<Role, Refusal> {
+    let key = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .ok_or_else(|| refuse(401, "unauthorized"))?;
+    s.keys
+        .get(key.trim())
+        .cloned()
+        .ok_or_else(|| refuse(401, "unauthorized"))
+}
+
+/// Reads a body of at most `limit` bytes within [`BODY_TIMEOUT`]; larger bodies are cut off.
+async fn read_body(headers: &HeaderMap, body: Body, limit: u64) -> Result<Bytes, Refusal> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit) {
+        return Err(refuse(413, "too_large"));
+    }
+    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+    match tokio::time::timeout(BODY_TIMEOUT, axum::body::to_bytes(body, limit)).await {
+        Err(_) => Err(refuse(408, "timeout")),
+        Ok(Err(e)) => {
+            let too_large = std::error::Error::source(&e)
+                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>())
+                || e.to_string().contains("length limit");
+            Err(if too_large {
+                refuse(413, "too_large")
+            } else {
+                refuse(400, "invalid_request")
+            })
+        }
+        Ok(Ok(bytes)) => Ok(bytes),
+    }
+}
+
+fn json_body<T: for<'de> Deserialize<'de>>(bytes: &Bytes) -> Result<T, Refusal> {
+    serde_json::from_slice(bytes).map_err(|_| refuse(400, "invalid_request"))
+}
+
+async fn submit(s: &AppState, job: Job) -> Result<Answer, Refusal> {
+    s.writer.submit(job).await.map_err(|e| {
+        tracing::error!(error = %e, "store failure");
+        refuse(500, "internal")
+    })
+}
+
+async fn admit(
+    State(s): State<Shared>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, Refusal> {
+    let Role::Caller { tenant } = role(&s, &headers)? else {
+        return Err(refuse(403, "forbidden"));
+    };
+    let limit = s.engine.config().max_request_bytes;
+    let bytes = read_body(&headers, body, limit).await?;
+    let mut request: Value = json_body(&bytes)?;
+    let Some(obj) = request.as_object_mut() else {
+        return Err(refuse(400, "invalid_request"));
+    };
+    match obj.get("tenant") {
+        None => {
+            obj.insert("tenant".into(), json!(tenant));
+        }
+        Some(Value::String(t)) if *t == tenant => {}
+        Some(_) => return Err(refuse(403, "forbidden")),
+    }
+    let request = match validate::request(&request, s.engine.config()) {
+        Ok(r) => r,
+        Err(reason) => {
+            s.metrics
+                .decisions
+                .with_label_values(&["rejected", reason.as_str()])
+                .inc();
+            return Err(refuse(reason.http(), reason.as_str()));
+        }
+    };
+    let Answer::Decision(d) = submit(
+        &s,
+        Job::Admit {
+            request: request.clone(),
+            now_ms: s.clock.now_ms(),
+        },
+    )
+    .await?
+    else {
+        return Err(refuse(500, "internal"));
+    };
+    let reason = d.reason.map_or("", Reason::as_str);
+    s.metrics
+        .decisions
+        .with_label_values(&[d.outcome.as_str(), reason])
+        .inc();
+    tracing::info!(tenant = %request.tenant, outcome = d.outcome.as_str(), reason, policy = d.policy.as_deref().unwrap_or(""), "decision");
+    let status = StatusCode::from_u16(d.http).unwrap_or(StatusCode::OK);
+    Ok(with_retry_after(status, json!(d), d.retry_after_ms))
+}
+
+/// Who may complete or reconcile: a caller for its own tenant, or a worker naming the tenant
+/// in the body (and then only for jobs it claimed).
+fn acting_for(
+    role: Role,
+    body_tenant: Option<String>,
+) -> Result<(String, Option<String>), Refusal> {
+    match role {
+        Role::Caller { tenant } => match body_tenant {
+            Some(t) if t != tenant => Err(refuse(403, "forbidden")),
+            _ => Ok((tenant, None)),
+        },
+        Role::Worker { name } => Ok((
+            body_tenant.ok_or_else(|| refuse(400, "invalid_request"))?,
+            Some(name),
+        )),
+        Role::Admin => Err(refuse(403, "forbidden")),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CompleteBody {
+    #[serde(default)]
+    tenant: Option<String>,
+    result: CallResult,
+    #[serde(default)]
+    usage: Option<Usage>,
+    #[serde(default)]
+    failure: Option<String>,
+    #[serde(default)]
+    provider_retry_after_ms: Option<u64>,
+    #[serde(default)]
+    result_ref: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReconcileBody {
+    #[serde(default)]
+    tenant: Option<String>,
+    resolution: Resolution,
+    #[serde(default)]
+    usage: Option<Usage>,
+    #[serde(default)]
+    result_ref: Option<String>,
+}
+
+#[derive(Deserialize, Clone, Copy)]
+#[serde(rename_all = "snake_case")]
+enum Resolution {
+    Succeeded,
+    Failed,
+}
+
+fn completion_response(answer: Answer) -> Result<Response, Refusal> {
+    let Answer::Completion(a) = answer else {
+        return Err(refuse(500, "internal"));
+    };
+    let status = match a.error {
+        None => StatusCode::OK,
+        Some("unknown_operation") => return Err(refuse(404, "unknown_operation")),
+        Some("not_claimed") => return Err(refuse(403, "not_claimed")),
+        Some(_) => StatusCode::CONFLICT,
+    };
+    Ok((status, axum::Json(json!(a))).into_response())
+}
+
+fn check_key(key: &str) -> Result<(), Refusal> {
+    let n = key.chars().count();
+    if (1..=validate::MAX_KEY_CHARS).contains(&n) {
+        Ok(())
+    } else {
+        Err(refuse(400, "invalid_request"))
+    }
+}
+
+async fn complete(
+    State(s): State<Shared>,
+    Path(key): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, Refusal> {
+    let role = role(&s, &headers)?;
+    if role == Role::Admin {
+        return Err(refuse(403, "forbidden"));
+    }
+    let bytes = read_body(&headers, body, s.engine.config().max_request_bytes).await?;
+    let b: CompleteBody = json_body(&bytes)?;
+    check_key(&key)?;
+    let (tenant, worker) = acting_for(role, b.tenant)?;
+    let completion = Completion {
+        tenant,
+        key,
+        result: b.result,
+        usage: b.usage,
+        failure: b.failure,
+        provider_retry_after_ms: b.provider_retry_after_ms,
+        result_ref: b.result_ref,
+        worker,
+    };
+    completion_response(
+        submit(
+            &s,
+            Job::Complete {
+                completion,
+                now_ms: s.clock.now_ms(),
+            },
+        )
+        .await?,
+    )
+}
+
+async fn reconcile(
+    State(s): State<Shared>,
+    Path(key): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, Refusal> {
+    let role = role(&s, &headers)?;
+    if role == Role::Admin {
+        return Err(refuse(403, "forbidden"));
+    }
+    let bytes = read_body(&headers, body, s.engine.config().max_request_bytes).await?;
+    let b: ReconcileBody = json_body(&bytes)?;
+    check_key(&key)?;
+    let (tenant, worker) = acting_for(role, b.tenant)?;
+    let reconciliation = Reconciliation {
+        tenant,
+        key,
+        resolution: match b.resolution {
+            Resolution::Succeeded => CallResult::Succeeded,
+            Resolution::Failed => CallResult::Failed,
+        },
+        usage: b.usage,
+        result_ref: b.result_ref,
+        worker,
+    };
+    completion_response(
+        submit(
+            &s,
+            Job::Reconcile {
+                reconciliation,
+                now_ms: s.clock.now_ms(),
+            },
+        )
+        .await?,
+    )
+}
+
+async fn operation(
+    State(s): State<Shared>,
+    Path(key): Path<String>,
+    headers: HeaderMap,
+) -> Result<Response, Refusal> {
+    let Role::Caller { tenant } = role(&s, &headers)? else {
+        return Err(refuse(403, "forbidden"));
+    };
+    check_key(&key)?;
+    let Answer::Operation(op) = submit(&s, Job::Operation { tenant, key }).await? else {
+        return Err(refuse(500, "internal"));
+    };
+    let op = op.ok_or_else(|| refuse(404, "unknown_operation"))?;
+    Ok(
+        axum::Json(json!({"state": op.state, "attempt": op.attempt, "result_ref": op.result_ref}))
+            .into_response(),
+    )
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DispatchBody {
+    #[serde(default)]
+    worker: Option<String>,
+    count: u32,
+}
+
+async fn dispatch(
+    State(s): State<Shared>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, Refusal> {
+    let Role::Worker { name } = role(&s, &headers)? else {
+        return Err(refuse(403, "forbidden"));
+    };
+    let bytes = read_body(&headers, body, s.engine.config().max_request_bytes).await?;
+    let b: DispatchBody = json_body(&bytes)?;
+    if b.worker.as_ref().is_some_and(|w| *w != name) {
+        return Err(refuse(403, "forbidden"));
+    }
+    let count = b.count.min(1000);
+    let Answer::Dispatch(a) = submit(
+        &s,
+        Job::Dispatch {
+            worker: name,
+            count,
+            now_ms: s.clock.now_ms(),
+        },
+    )
+    .await?
+    else {
+        return Err(refuse(500, "internal"));
+    };
+    Ok(axum::Json(json!(a)).into_response())
+}
+
+fn admin(s: &AppState, headers: &HeaderMap) -> Result<(), Refusal> {
+    match role(s, headers)? {
+        Role::Admin => Ok(()),
+        _ => Err(refuse(403, "forbidden")),
+    }
+}
+
+async fn policy_get(State(s): State<Shared>, headers: HeaderMap) -> Result<Response, Refusal> {
+    admin(&s, &headers)?;
+    Ok(axum::Json(json!(s.engine.policy_identity())).into_response())
+}
+
+async fn policy_put(
+    State(s): State<Shared>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, Refusal> {
+    admin(&s, &headers)?;
+    let bytes = read_body(&headers, body, s.engine.config().max_policy_bytes).await?;
+    let engine = s.engine.clone();
+    let result = tokio::task::spawn_blocking(move || engine.swap_policy(&bytes))
+        .await
+        .map_err(|_| refuse(500, "internal"))?;
+    match result {
+        Ok(identity) => {
+            tracing::info!(name = %identity.name, version = %identity.version, sha256 = %identity.sha256, "policy activated");
+            set_policy_gauge(&s);
+            Ok(axum::Json(json!(identity)).into_response())
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "policy refused");
+            let body =
+                json!({"outcome": "rejected", "reason": "policy_refused", "error": e.to_string()});
+            Ok((StatusCode::UNPROCESSABLE_ENTITY, axum::Json(body)).into_response())
+        }
+    }
+}
+
+async fn policy_rollback(State(s): State<Shared>, headers: HeaderMap) -> Result<Response, Refusal> {
+    admin(&s, &headers)?;
+    match s.engine.rollback() {
+        Ok(identity) => {
+            tracing::info!(name = %identity.name, sha256 = %identity.sha256, "policy rolled back");
+            set_policy_gauge(&s);
+            Ok(axum::Json(json!(identity)).into_response())
+        }
+        Err(e) => {
+            let body = json!({"outcome": "rejected", "reason": "no_previous_policy", "error": e.to_string()});
+            Ok((StatusCode::CONFLICT, axum::Json(body)).into_response())
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DownstreamBody {
+    available: bool,
+}
+
+async fn downstream(
+    State(s): State<Shared>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, Refusal> {
+    admin(&s, &headers)?;
+    let bytes = read_body(&headers, body, s.engine.config().max_request_bytes).await?;
+    let b: DownstreamBody = json_body(&bytes)?;
+    submit(
+        &s,
+        Job::SetDownstream {
+            available: b.available,
+        },
+    )
+    .await?;
+    tracing::info!(available = b.available, "downstream marked");
+    Ok(axum::Json(json!({"ok": true, "available": b.available})).into_response())
+}
+
+async fn inspect(State(s): State<Shared>, headers: HeaderMap) -> Result<Response, Refusal> {
+    admin(&s, &headers)?;
+    let Answer::Inspection(i) = submit(
+        &s,
+        Job::Inspect {
+            now_ms: s.clock.now_ms(),
+        },
+    )
+    .await?
+    else {
+        return Err(refuse(500, "internal"));
+    };
+    Ok(axum::Json(json!(i)).into_response())
+}
+
+async fn metrics(State(s): State<Shared>) -> Result<Response, Refusal> {
+    if let Answer::Inspection(i) = submit(
+        &s,
+        Job::Levels {
+            now_ms: s.clock.now_ms(),
+        },
+    )
+    .await?
+    {
+        for (name, credits) in &i.buckets {
+            s.metrics
+                .buckets
+                .with_label_values(&[name.as_str()])
+                .set(*credits as f64);
+        }
+        for (scope, n) in &i.slots {
+            s.metrics
+                .slots
+                .with_label_values(&[scope.as_str()])
+                .set(f64::from(*n));
+        }
+        for (tenant, n) in &i.queues {
+            s.metrics
+                .queues
+                .with_label_values(&[tenant.as_str()])
+                .set(f64::from(*n));
+        }
+    }
+    let mut response = s.metrics.render().into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4"),
+    );
+    Ok(response)
+}
+
+fn set_policy_gauge(s: &AppState) {
+    let id = s.engine.policy_identity();
+    s.metrics.policy.reset();
+    s.metrics
+        .policy
+        .with_label_values(&[id.name.as_str(), id.version.as_str(), id.sha256.as_str()])
+        .set(1.0);
+}
+
+/// Builds the engine, the writer and the shared state from a configuration and a store.
+pub fn build(
+    config: ServeConfig,
+    store: SqliteStore,
+) -> Result<(Shared, std::thread::JoinHandle<()>), String> {
+    let metrics = Metrics::new();
+    let mut runtime = Runtime::new().map_err(|e| format!("starting wasmtime: {e:#}"))?;
+    let histogram = metrics.policy_calls.clone();
+    runtime.set_call_observer(Arc::new(move |d| histogram.observe(d.as_secs_f64())));
+    let bytes = resolve_policy(&config.policy, None)?;
+    let policy: LoadedPolicy = runtime
+        .load(&bytes, config.engine.max_policy_bytes)
+        .map_err(|e| e.to_string())?;
+    let engine = Arc::new(Engine::new(config.engine, store, runtime, Arc::new(policy)));
+    // The configured policy must pass the same checks as a swapped-in one.
+    engine
+        .swap_policy(&bytes)
+        .map_err(|e| format!("policy {}: {e}", config.policy))?;
+    let (writer, handle) = Writer::start(engine.clone());
+    let state = Arc::new(AppState {
+        engine,
+        writer,
+        keys: config.keys,
+        metrics,
+        clock: Clock::default(),
+    });
+    set_policy_gauge(&state);
+    Ok((state, handle))
+}
+
+/// Serves until `shutdown` resolves: then stops accepting, lets requests in flight finish,
+/// and returns once the writer has committed everything it was given.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: Shared,
+    writer_thread: std::thread::JoinHandle<()>,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> std::io::Result<()> {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    let app = router(state.clone());
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let (stream, _) = match accepted {
+                    Ok(a) => a,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "accept failed");
+                        continue;
+                    }
+                };
+                let _ = stream.set_nodelay(true);
+                let service = hyper_util::service::TowerToHyperService::new(app.clone());
+                let conn = hyper::server::conn::http1::Builder::new()
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(HEADER_TIMEOUT)
+                    .serve_connection(TokioIo::new(stream), service);
+                let conn = graceful.watch(conn);
+                tokio::spawn(async move {
+                    let _ = conn.await;
+                });
+            }
+            _ = &mut shutdown => break,
+        }
+    }
+    drop(listener);
+    tracing::info!("shutting down: finishing requests in flight");
+    if tokio::time::timeout(Duration::from_secs(30), graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!("requests still in flight after 30 s; closing");
+    }
+    drop(app);
+    // The last handles to the writer go with the state; then it drains, commits and ends.
+    drop(state);
+    tokio::task::spawn_blocking(move || writer_thread.join())
+        .await
+        .ok();
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Resolves on SIGTERM or SIGINT.
+pub async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("install the SIGTERM handler");
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}
+
+/// The address to listen on by default.
+pub fn default_listen() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 8080))
+}
+
+#[allow(dead_code)]
+fn _assert_send_sync() {
+    fn is<T: Send + Sync>() {}
+    is::<AppState>();
+    let _ = Method::GET;
+}

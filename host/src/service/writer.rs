@@ -1,0 +1,79 @@
+//! The one SQLite writer: jobs from every connection are queued to one thread, which runs
+//! them in batches, one transaction per batch (group commit), each job in its own savepoint.
+//! A job is answered only after its batch committed.
+
+use crate::engine::{Answer, Engine, Job};
+use crate::store::SqliteStore;
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use tokio::sync::oneshot;
+
+/// Most jobs in one transaction.
+pub const MAX_BATCH: usize = 128;
+/// Jobs waiting for the writer before submitters are slowed down.
+const QUEUE_BOUND: usize = 4096;
+
+type Reply = oneshot::Sender<Result<Answer, String>>;
+
+/// The handle connections submit jobs through.
+#[derive(Clone)]
+pub struct Writer {
+    tx: mpsc::SyncSender<(Job, Reply)>,
+}
+
+impl Writer {
+    /// Starts the writer thread. It ends when every `Writer` handle is dropped, after
+    /// finishing (and committing) what it was given.
+    pub fn start(engine: Arc<Engine<SqliteStore>>) -> (Writer, JoinHandle<()>) {
+        let (tx, rx) = mpsc::sync_channel::<(Job, Reply)>(QUEUE_BOUND);
+        let handle = std::thread::Builder::new()
+            .name("tollgate-writer".into())
+            .spawn(move || {
+                while let Ok(first) = rx.recv() {
+                    let mut batch = vec![first];
+                    while batch.len() < MAX_BATCH {
+                        match rx.try_recv() {
+                            Ok(item) => batch.push(item),
+                            Err(_) => break,
+                        }
+                    }
+                    let (jobs, replies): (Vec<Job>, Vec<Reply>) = batch.into_iter().unzip();
+                    match engine.run_batch(&jobs) {
+                        Ok(answers) => {
+                            for (answer, reply) in answers.into_iter().zip(replies) {
+                                let _ = reply.send(answer.map_err(|e| e.to_string()));
+                            }
+                        }
+                        Err(e) => {
+                            for reply in replies {
+                                let _ = reply.send(Err(e.to_string()));
+                            }
+                        }
+                    }
+                }
+            })
+            .expect("spawn the writer thread");
+        (Writer { tx }, handle)
+    }
+
+    /// Submits one job and waits for its committed answer.
+    pub async fn submit(&self, job: Job) -> Result<Answer, String> {
+        let (reply, answer) = oneshot::channel();
+        match self.tx.try_send((job, reply)) {
+            Ok(()) => {}
+            Err(mpsc::TrySendError::Full(item)) => {
+                // A full queue blocks the sender: wait off the async threads.
+                let tx = self.tx.clone();
+                tokio::task::spawn_blocking(move || tx.send(item).map_err(|_| ()))
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .map_err(|_| "the writer has stopped".to_string())?;
+            }
+            Err(mpsc::TrySendError::Disconnected(_)) => return Err("the writer has stopped".into()),
+        }
+        answer
+            .await
+            .map_err(|_| "the writer dropped the job".to_string())?
+    }
+}
