@@ -1,0 +1,489 @@
+//! The HTTP service, tested as a client sees it: a real `tollgate serve` process on a
+//! loopback port, a real HTTP client, real time.
+
+use serde_json::{json, Value};
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const CALLER: &str = "acme-key";
+const OTHER_CALLER: &str = "globex-key";
+const WORKER: &str = "worker-key";
+const ADMIN: &str = "admin-key";
+
+struct Server {
+    child: Child,
+    base: String,
+}
+
+impl Server {
+    fn start(dir: &Path, config: &Value) -> Server {
+        let config_path = dir.join("config.json");
+        std::fs::write(&config_path, config.to_string()).unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+            .args(["serve", "--config", config_path.to_str().unwrap(), "--db"])
+            .arg(dir.join("state.db"))
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let base = format!("http://127.0.0.1:{port}");
+        let started = Instant::now();
+        while ureq::get(&format!("{base}/healthz")).call().is_err() {
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "server did not start"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Server { child, base }
+    }
+
+    /// SIGTERM, then the exit status.
+    fn stop(mut self) -> std::process::ExitStatus {
+        let pid = self.child.id().to_string();
+        Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+        let started = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "server did not stop"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn call(
+        &self,
+        method: &str,
+        path: &str,
+        key: Option<&str>,
+        body: Option<&str>,
+    ) -> (u16, Option<String>, Value) {
+        let mut req = ureq::request(method, &format!("{}{path}", self.base));
+        if let Some(k) = key {
+            req = req.set("Authorization", &format!("Bearer {k}"));
+        }
+        let result = match body {
+            Some(b) => req.send_string(b),
+            None => req.call(),
+        };
+        let response = match result {
+            Ok(r) => r,
+            Err(ureq::Error::Status(_, r)) => r,
+            Err(e) => panic!("{method} {path}: {e}"),
+        };
+        let status = response.status();
+        let retry_after = response.header("Retry-After").map(str::to_string);
+        let text = response.into_string().unwrap();
+        (
+            status,
+            retry_after,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    fn admit(&self, key: &str, body: Value) -> (u16, Option<String>, Value) {
+        self.call("POST", "/v1/admit", Some(key), Some(&body.to_string()))
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+fn config() -> Value {
+    json!({
+        "auth": {"callers": {CALLER: "acme", OTHER_CALLER: "globex"}, "workers": [WORKER], "admins": [ADMIN]},
+        "global": {"requests": {"capacity": 1000, "refill_per_s": 0}, "concurrency": 2},
+        "tenant_defaults": {"requests": {"capacity": 100, "refill_per_s": 0},
+                            "tokens": {"capacity": 10000, "refill_per_s": 1}, "queue_limit": 2},
+        "tenants": {"acme": {}, "globex": {"requests": {"capacity": 1, "refill_per_s": 0.5}}},
+        "limits": {"max_request_bytes": 2048},
+        "policy_params": {"busy_retry_after_ms": 1500}
+    })
+}
+
+fn request(key: &str, route: &str, tokens: u64) -> Value {
+    json!({"key": key, "route": route, "input_tokens": tokens, "max_output_tokens": tokens,
+           "deadline_ms": now_ms() + 600_000})
+}
+
+#[test]
+fn statuses_retry_after_and_auth() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path(), &config());
+
+    // Auth: missing or unknown key 401, wrong role 403, a tenant that is not the key's 403.
+    assert_eq!(s.call("POST", "/v1/admit", None, Some("{}")).0, 401);
+    assert_eq!(s.call("POST", "/v1/admit", Some("nope"), Some("{}")).0, 401);
+    assert_eq!(s.call("POST", "/v1/admit", Some(WORKER), Some("{}")).0, 403);
+    assert_eq!(
+        s.call("GET", "/v1/admin/inspect", Some(CALLER), None).0,
+        403
+    );
+    assert_eq!(
+        s.call(
+            "POST",
+            "/v1/dispatch",
+            Some(CALLER),
+            Some(r#"{"count": 1}"#)
+        )
+        .0,
+        403
+    );
+    let mut foreign = request("k0", "interactive", 10);
+    foreign["tenant"] = json!("globex");
+    assert_eq!(s.admit(CALLER, foreign).0, 403);
+
+    // Accepted 200, duplicate 409, conflict 422, invalid 400, too large 413.
+    let (status, retry, body) = s.admit(CALLER, request("k1", "interactive", 10));
+    assert_eq!(
+        (status, retry, body["outcome"].clone()),
+        (200, None, json!("accepted"))
+    );
+    assert_eq!(s.admit(CALLER, request("k1", "interactive", 10)).0, 409);
+    assert_eq!(s.admit(CALLER, request("k1", "interactive", 11)).0, 422);
+    assert_eq!(
+        s.admit(CALLER, json!({"key": "k", "route": "interactive"}))
+            .0,
+        400
+    );
+    assert_eq!(
+        s.call("POST", "/v1/admit", Some(CALLER), Some("{not json"))
+            .0,
+        400
+    );
+    let mut big = request("kb", "interactive", 10);
+    big["size_bytes"] = json!(1_000_000);
+    assert_eq!(s.admit(CALLER, big).0, 413);
+    assert_eq!(
+        s.admit(CALLER, request("kt", "interactive", 6000)).0,
+        413,
+        "never fits the token bucket"
+    );
+    let huge_body = format!(r#"{{"key": "x", "pad": "{}"}}"#, "x".repeat(10_000));
+    let (status, _, body) = s.call("POST", "/v1/admit", Some(CALLER), Some(&huge_body));
+    assert_eq!((status, body["reason"].clone()), (413, json!("too_large")));
+
+    // Global concurrency 503 with the busy estimate; Retry-After rounds up to seconds.
+    assert_eq!(
+        s.admit(OTHER_CALLER, request("g1", "interactive", 10)).0,
+        200
+    );
+    let (status, retry, body) = s.admit(CALLER, request("k2", "interactive", 10));
+    assert_eq!(
+        (status, body["reason"].clone()),
+        (503, json!("global_concurrency"))
+    );
+    assert_eq!(
+        (retry.as_deref(), body["retry_after_ms"].clone()),
+        (Some("2"), json!(1500))
+    );
+
+    // Tenant rate 429 with the exact wait (1 credit at 0.5/s: up to 2 s).
+    let (status, retry, body) = s.admit(OTHER_CALLER, request("g2", "interactive", 10));
+    assert_eq!(
+        (status, body["reason"].clone()),
+        (429, json!("tenant_rate"))
+    );
+    assert_eq!(retry.as_deref(), Some("2"));
+    assert!(body["retry_after_ms"].as_u64().unwrap() <= 2000);
+
+    // Completion: the key's tenant only; wrong state 409; unknown 404; bad result 400.
+    assert_eq!(
+        s.call(
+            "POST",
+            "/v1/operations/k1/complete",
+            Some(OTHER_CALLER),
+            Some(r#"{"result": "succeeded"}"#)
+        )
+        .0,
+        404
+    );
+    assert_eq!(
+        s.call(
+            "POST",
+            "/v1/operations/k1/complete",
+            Some(CALLER),
+            Some(r#"{"result": "maybe"}"#)
+        )
+        .0,
+        400
+    );
+    let (status, _, body) = s.call(
+        "POST",
+        "/v1/operations/k1/complete",
+        Some(CALLER),
+        Some(r#"{"result": "unknown"}"#),
+    );
+    assert_eq!(
+        (status, body["retry"]["reason"].clone()),
+        (200, json!("unknown_outcome"))
+    );
+    assert_eq!(
+        s.admit(CALLER, request("k1", "interactive", 10)).0,
+        409,
+        "unknown_outcome_pending"
+    );
+    assert_eq!(
+        s.call(
+            "POST",
+            "/v1/operations/k1/complete",
+            Some(CALLER),
+            Some(r#"{"result": "failed"}"#)
+        )
+        .0,
+        409
+    );
+    assert_eq!(
+        s.call(
+            "POST",
+            "/v1/operations/k1/reconcile",
+            Some(CALLER),
+            Some(r#"{"resolution": "succeeded"}"#)
+        )
+        .0,
+        200
+    );
+    assert_eq!(
+        s.call(
+            "POST",
+            "/v1/operations/k1/reconcile",
+            Some(CALLER),
+            Some(r#"{"resolution": "succeeded"}"#)
+        )
+        .0,
+        409
+    );
+    let (status, _, body) = s.call("GET", "/v1/operations/k1", Some(CALLER), None);
+    assert_eq!((status, body["state"].clone()), (200, json!("succeeded")));
+    assert_eq!(
+        s.call("GET", "/v1/operations/k1", Some(OTHER_CALLER), None)
+            .0,
+        404
+    );
+    assert_eq!(
+        s.call("GET", "/v1/operations/a%2Fb", Some(CALLER), None).0,
+        404
+    );
+
+    // Durable: 202, queue bound 429, dispatch by a worker, complete by the claiming worker.
+    assert_eq!(s.admit(CALLER, request("d/1", "durable", 10)).0, 202);
+    assert_eq!(s.admit(CALLER, request("d2", "durable", 10)).0, 202);
+    let (status, retry, body) = s.admit(CALLER, request("d3", "durable", 10));
+    assert_eq!(
+        (status, body["reason"].clone(), retry.as_deref()),
+        (429, json!("queue_full"), Some("2"))
+    );
+    assert_eq!(
+        s.call(
+            "POST",
+            "/v1/dispatch",
+            Some(WORKER),
+            Some(r#"{"worker": "someone-else", "count": 1}"#)
+        )
+        .0,
+        403
+    );
+    let (status, _, body) = s.call(
+        "POST",
+        "/v1/dispatch",
+        Some(WORKER),
+        Some(r#"{"count": 5}"#),
+    );
+    assert_eq!(status, 200);
+    assert_eq!(body["claimed"][0]["key"], "d/1");
+    assert_eq!(body["claimed"][0]["attempt"], 1);
+    let done = json!({"tenant": "acme", "result": "succeeded"}).to_string();
+    assert_eq!(
+        s.call(
+            "POST",
+            "/v1/operations/d%2F1/complete",
+            Some(WORKER),
+            Some(&done)
+        )
+        .0,
+        200
+    );
+
+    // Downstream unavailable: interactive 503, durable still queued.
+    assert_eq!(
+        s.call(
+            "POST",
+            "/v1/admin/downstream",
+            Some(ADMIN),
+            Some(r#"{"available": false}"#)
+        )
+        .0,
+        200
+    );
+    let (status, _, body) = s.admit(OTHER_CALLER, request("g3", "interactive", 10));
+    assert!(status == 503 || body["reason"] == "tenant_rate", "{body}");
+    let inspect = s.call("GET", "/v1/admin/inspect", Some(ADMIN), None).2;
+    assert_eq!(inspect["downstream_available"], false);
+
+    // Metrics.
+    let (status, _, metrics) = s.call("GET", "/metrics", None, None);
+    let metrics = metrics.as_str().unwrap().to_string();
+    assert_eq!(status, 200);
+    assert!(
+        metrics.contains("tollgate_decisions_total{outcome=\"accepted\",reason=\"\"}"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("reason=\"global_concurrency\""));
+    assert!(metrics.contains("tollgate_policy_info{name=\"standard\""));
+    assert!(metrics.contains("tollgate_policy_call_seconds_bucket"));
+    assert!(metrics.contains("tollgate_http_responses_total{status=\"413\"}"));
+    assert!(s.stop().success());
+}
+
+#[test]
+fn slow_bodies_are_cut_off_and_spend_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path(), &config());
+    let addr = s.base.trim_start_matches("http://").to_string();
+    // Promise a body and never send it: a 408 after the body timeout, nothing spent.
+    let mut stream = TcpStream::connect(&addr).unwrap();
+    write!(stream, "POST /v1/admit HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {CALLER}\r\nContent-Length: 100\r\n\r\n{{\"key\"").unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    let inspect = s.call("GET", "/v1/admin/inspect", Some(ADMIN), None).2;
+    assert_eq!(inspect["buckets"]["tenant.acme.requests"], 100);
+    assert!(s.stop().success());
+}
+
+#[test]
+fn swap_under_load_and_restart_keeps_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config();
+    config["global"] =
+        json!({"requests": {"capacity": 1e9, "refill_per_s": 0}, "concurrency": 1000000});
+    config["tenant_defaults"]["requests"] = json!({"capacity": 1e9, "refill_per_s": 0});
+    config["tenant_defaults"]["tokens"] = json!({"capacity": 1e12, "refill_per_s": 0});
+    let s = Server::start(dir.path(), &config);
+    let deny_all = policy_file(dir.path(), "deny-all");
+    let standard = policy_file(dir.path(), "standard");
+
+    let base = s.base.clone();
+    let clients: Vec<_> = (0..4)
+        .map(|c| {
+            let base = base.clone();
+            std::thread::spawn(move || {
+                let mut counts = (0, 0);
+                for i in 0..150 {
+                    let body = request(&format!("c{c}-{i}"), "interactive", 1).to_string();
+                    let r = ureq::post(&format!("{base}/v1/admit"))
+                        .set("Authorization", &format!("Bearer {CALLER}"))
+                        .send_string(&body);
+                    match r {
+                        Ok(r) => {
+                            assert_eq!(r.status(), 200);
+                            counts.0 += 1;
+                        }
+                        Err(ureq::Error::Status(503, r)) => {
+                            let v: Value = serde_json::from_str(&r.into_string().unwrap()).unwrap();
+                            assert_eq!(v["reason"], "overloaded", "only deny-all refuses: {v}");
+                            counts.1 += 1;
+                        }
+                        Err(e) => panic!("request failed during swaps: {e}"),
+                    }
+                }
+                counts
+            })
+        })
+        .collect();
+    for i in 0..20 {
+        let file = if i % 2 == 0 { &deny_all } else { &standard };
+        let swap = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+            .args([
+                "policy",
+                "swap",
+                file.to_str().unwrap(),
+                "--server",
+                &s.base,
+                "--key",
+                ADMIN,
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            swap.status.success(),
+            "{}",
+            String::from_utf8_lossy(&swap.stdout)
+        );
+    }
+    let mut accepted = 0;
+    for c in clients {
+        accepted += c.join().unwrap().0;
+    }
+    // A refused module: 422, the old policy stays.
+    let broken = policy_file(dir.path(), "broken");
+    let refused = ureq::put(&format!("{}/v1/admin/policy", s.base))
+        .set("Authorization", &format!("Bearer {ADMIN}"))
+        .send_bytes(&std::fs::read(&broken).unwrap());
+    let Err(ureq::Error::Status(422, r)) = refused else {
+        panic!("broken policy not refused")
+    };
+    let body: Value = serde_json::from_str(&r.into_string().unwrap()).unwrap();
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("tollgate:policy/decide"),
+        "{body}"
+    );
+    assert_eq!(
+        s.call("GET", "/v1/admin/policy", Some(ADMIN), None).2["name"],
+        "standard"
+    );
+
+    let before = s.call("GET", "/v1/admin/inspect", Some(ADMIN), None).2;
+    assert!(s.stop().success());
+    let s = Server::start(dir.path(), &config);
+    let after = s.call("GET", "/v1/admin/inspect", Some(ADMIN), None).2;
+    assert_eq!(after["operations"].as_array().unwrap().len(), accepted);
+    assert_eq!(before["operations"], after["operations"]);
+    assert_eq!(
+        before["buckets"]["tenant.acme.requests"],
+        after["buckets"]["tenant.acme.requests"]
+    );
+    assert_eq!(
+        s.admit(CALLER, request("c0-0", "interactive", 1)).0,
+        409,
+        "duplicate after restart"
+    );
+    assert!(s.stop().success());
+}
+
+/// Writes a built-in policy to a file, as a policy author's build would produce it.
+fn policy_file(dir: &Path, name: &str) -> PathBuf {
+    let path = dir.join(format!("{name}.wasm"));
+    std::fs::write(&path, tollgate::runtime::builtin::get(name).unwrap()).unwrap();
+    path
+}
