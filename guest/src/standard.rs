@@ -1,9 +1,13 @@
 //! The standard rules of SPEC.md (degradation, deadline estimate, retry eligibility),
 //! written against the host imports so that other policies can reuse them.
+//!
+//! This file names its parent module (`super`), not the crate: the host also compiles it
+//! natively, beside an implementation of the same imports, to measure the cost of the
+//! sandbox against the very same rules.
 
-use crate::{
-    host, param_or, reservation, Admission, BucketKind, Failure, FailureReport, GiveUpReason,
-    Plan, Request, RetryDecision, Route, SlotScope,
+use super::{
+    host, param_or, reservation, Admission, BucketKind, Failure, FailureReport, GiveUpReason, Plan,
+    Request, RetryDecision, Route, SlotScope,
 };
 use alloc::string::String;
 
@@ -59,7 +63,9 @@ pub fn self_check() -> Result<(), String> {
     ];
     for (name, value) in fields {
         if !value.is_finite() || value < 0.0 {
-            return Err(alloc::format!("policy_params.{name} must be a finite number >= 0"));
+            return Err(alloc::format!(
+                "policy_params.{name} must be a finite number >= 0"
+            ));
         }
     }
     if p.max_attempts < 1.0 {
@@ -77,7 +83,8 @@ pub fn admit(req: &Request) -> Admission {
     let p = Params::read();
     let reduced = reduce(req, &p);
     let plan_fields = if req.route == Route::Interactive
-        && (slot_pressure(&p) || (p.degrade_on_token_shortage && token_shortage_cured(req, reduced)))
+        && (slot_pressure(&p)
+            || (p.degrade_on_token_shortage && token_shortage_cured(req, reduced)))
     {
         reduced
     } else {
@@ -100,7 +107,9 @@ fn reduce(req: &Request, p: &Params) -> (u64, u64) {
 /// Global slots in use before this admission reach the configured fraction of the limit.
 fn slot_pressure(p: &Params) -> bool {
     match host::slots(SlotScope::Global) {
-        Some(level) => f64::from(level.in_use) >= p.degrade_at_slot_fraction * f64::from(level.limit),
+        Some(level) => {
+            f64::from(level.in_use) >= p.degrade_at_slot_fraction * f64::from(level.limit)
+        }
         None => false,
     }
 }
@@ -111,7 +120,11 @@ fn token_shortage_cured(req: &Request, reduced: (u64, u64)) -> bool {
     let Some(bucket) = host::bucket(BucketKind::TenantTokens) else {
         return false;
     };
-    let full = reservation(req.input_tokens, req.optional_context_tokens, req.max_output_tokens);
+    let full = reservation(
+        req.input_tokens,
+        req.optional_context_tokens,
+        req.max_output_tokens,
+    );
     let small = reservation(req.input_tokens, reduced.1, reduced.0);
     if small >= full || full <= bucket.available {
         return false;

@@ -14,6 +14,7 @@ pub mod bucket;
 pub mod config;
 pub mod engine;
 pub mod model;
+pub mod native;
 pub mod reason;
 pub mod runtime;
 pub mod scenario;
@@ -22,3 +23,6 @@ pub mod store;
 pub mod validate;
 
 pub use engine::Engine;
+
+// The guest SDK's `standard.rs`, compiled natively by `native`, names `alloc`.
+extern crate alloc;

@@ -318,7 +318,12 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             let bytes = scenario::resolve_policy(&policy, None)?;
             match engine.check_candidate(&bytes) {
                 Ok(p) => {
-                    println!("ok\t{}\t{}\t{}", p.info.name, p.info.version, p.digest);
+                    println!(
+                        "ok\t{}\t{}\t{}",
+                        p.info().name,
+                        p.info().version,
+                        p.digest()
+                    );
                     Ok(ExitCode::SUCCESS)
                 }
                 Err(e) => {

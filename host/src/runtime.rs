@@ -298,6 +298,43 @@ impl Runtime {
     }
 }
 
+/// What the engine decides with: a policy behind the WIT interface's shapes. Implemented by
+/// wasm components ([`LoadedPolicy`]) and by native Rust rules ([`crate::native`]), so both
+/// run through the same host interface.
+pub trait Decider: Send + Sync {
+    fn digest(&self) -> &PolicyDigest;
+    fn info(&self) -> &PolicyInfo;
+    fn admit(&self, view: DecisionView, req: &Request) -> Result<Admission, PolicyFault>;
+    fn on_failure(
+        &self,
+        view: DecisionView,
+        report: &FailureReport,
+    ) -> Result<RetryDecision, PolicyFault>;
+    fn self_check(&self, view: DecisionView) -> Result<Result<(), String>, PolicyFault>;
+}
+
+impl Decider for LoadedPolicy {
+    fn digest(&self) -> &PolicyDigest {
+        &self.digest
+    }
+    fn info(&self) -> &PolicyInfo {
+        &self.info
+    }
+    fn admit(&self, view: DecisionView, req: &Request) -> Result<Admission, PolicyFault> {
+        LoadedPolicy::admit(self, view, req)
+    }
+    fn on_failure(
+        &self,
+        view: DecisionView,
+        report: &FailureReport,
+    ) -> Result<RetryDecision, PolicyFault> {
+        LoadedPolicy::on_failure(self, view, report)
+    }
+    fn self_check(&self, view: DecisionView) -> Result<Result<(), String>, PolicyFault> {
+        LoadedPolicy::self_check(self, view)
+    }
+}
+
 /// A compiled, world-checked policy, ready to instantiate cheaply for each decision.
 pub struct LoadedPolicy {
     pub digest: PolicyDigest,

@@ -5,7 +5,7 @@
 use crate::config::Config;
 use crate::engine::{Completion, Engine, Reconciliation};
 use crate::model::{CallResult, Usage};
-use crate::runtime::{builtin, Runtime};
+use crate::runtime::{builtin, Decider, Runtime};
 use crate::store::{SqliteStore, Store};
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
@@ -287,6 +287,9 @@ pub struct Runner {
     runtime: Runtime,
     /// The policy for scenarios that do not name one (default `standard`).
     pub default_policy: String,
+    /// A decider for scenarios that do not name a policy, instead of `default_policy`
+    /// (native rules, checked against the same scenarios as their wasm build).
+    pub default_decider: Option<Arc<dyn Decider>>,
 }
 
 impl Runner {
@@ -294,6 +297,7 @@ impl Runner {
         Runner {
             runtime,
             default_policy: "standard".into(),
+            default_decider: None,
         }
     }
 
@@ -306,21 +310,19 @@ impl Runner {
     /// Runs one scenario on a given (empty) store.
     pub fn run_on<S: Store>(&self, s: &Scenario, store: S) -> Result<Vec<Mismatch>, ScenarioError> {
         let base = s.path.parent();
-        let spec = s
-            .policy
-            .clone()
-            .unwrap_or_else(|| self.default_policy.clone());
-        let bytes = resolve_policy(&spec, base).map_err(|m| self.err(s, m))?;
-        let policy = self
-            .runtime
-            .load(&bytes, s.config.max_policy_bytes)
-            .map_err(|e| self.err(s, e.to_string()))?;
-        let engine = Engine::new(
-            s.config.clone(),
-            store,
-            self.runtime.clone(),
-            Arc::new(policy),
-        );
+        let policy: Arc<dyn Decider> = match (&s.policy, &self.default_decider) {
+            (None, Some(decider)) => decider.clone(),
+            (named, _) => {
+                let spec = named.clone().unwrap_or_else(|| self.default_policy.clone());
+                let bytes = resolve_policy(&spec, base).map_err(|m| self.err(s, m))?;
+                let loaded = self
+                    .runtime
+                    .load(&bytes, s.config.max_policy_bytes)
+                    .map_err(|e| self.err(s, e.to_string()))?;
+                Arc::new(loaded)
+            }
+        };
+        let engine = Engine::new(s.config.clone(), store, self.runtime.clone(), policy);
         let mut mismatches = Vec::new();
         for (i, step) in s.steps.iter().enumerate() {
             let actual = self

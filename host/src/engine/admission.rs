@@ -6,7 +6,7 @@ use super::budgets::{Budgets, Needs, Refusal};
 use super::{downstream_available, Engine};
 use crate::model::{OpState, Operation, Request, Route};
 use crate::reason::{outcome_http, Outcome, Reason};
-use crate::runtime::{self, Admission, LoadedPolicy, RefusalReason};
+use crate::runtime::{self, Admission, Decider, RefusalReason};
 use crate::store::{QueuedJob, Store, StoreError, Tx};
 use crate::validate;
 use serde::Serialize;
@@ -126,13 +126,13 @@ impl<S: Store> Engine<S> {
     /// Admits, queues or refuses one validated request.
     pub fn admit_request(&self, req: &Request, now_ms: i64) -> Result<Decision, StoreError> {
         let policy = self.active_policy();
-        self.transaction(|tx| self.admit_in(tx, &policy, req, now_ms))
+        self.transaction(|tx| self.admit_in(tx, policy.as_ref(), req, now_ms))
     }
 
     pub(super) fn admit_in(
         &self,
         tx: &mut dyn Tx,
-        policy: &LoadedPolicy,
+        policy: &dyn Decider,
         req: &Request,
         now_ms: i64,
     ) -> Result<Decision, StoreError> {
@@ -149,7 +149,7 @@ impl<S: Store> Engine<S> {
             return Ok(Decision::rejected(Reason::DownstreamUnavailable, busy));
         }
 
-        let digest = policy.digest.to_string();
+        let digest = policy.digest().to_string();
         let view = self.view(tx, &req.tenant, &req.key, attempt, now_ms)?;
         let guest_req = runtime::Request {
             tenant: req.tenant.clone(),

@@ -63,11 +63,14 @@ impl<S: Store> Engine<S> {
         store.transaction_many(jobs.len(), |i, tx| {
             Ok(match &jobs[i] {
                 Job::Admit { request, now_ms } => {
-                    Answer::Decision(self.admit_in(tx, &policy, request, *now_ms)?)
+                    Answer::Decision(self.admit_in(tx, policy.as_ref(), request, *now_ms)?)
                 }
-                Job::Complete { completion, now_ms } => {
-                    Answer::Completion(self.complete_in(tx, &policy, completion, *now_ms)?)
-                }
+                Job::Complete { completion, now_ms } => Answer::Completion(self.complete_in(
+                    tx,
+                    policy.as_ref(),
+                    completion,
+                    *now_ms,
+                )?),
                 Job::Reconcile {
                     reconciliation,
                     now_ms,

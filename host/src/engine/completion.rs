@@ -5,7 +5,7 @@
 use super::budgets::{release_slot, Budgets};
 use super::Engine;
 use crate::model::{CallResult, OpState, Operation, RetryVerdict, Route, Usage};
-use crate::runtime::{self, Failure, GiveUpReason, LoadedPolicy, RetryDecision};
+use crate::runtime::{self, Decider, Failure, GiveUpReason, RetryDecision};
 use crate::store::{QueuedJob, Store, StoreError, Tx};
 use serde::Serialize;
 
@@ -96,7 +96,7 @@ impl<S: Store> Engine<S> {
     /// Records how an `active` attempt ended.
     pub fn complete(&self, c: &Completion, now_ms: i64) -> Result<CompletionAnswer, StoreError> {
         let policy = self.active_policy();
-        self.transaction(|tx| self.complete_in(tx, &policy, c, now_ms))
+        self.transaction(|tx| self.complete_in(tx, policy.as_ref(), c, now_ms))
     }
 
     /// Resolves an `unknown` outcome; releases its slot.
@@ -144,7 +144,7 @@ impl<S: Store> Engine<S> {
     pub(super) fn complete_in(
         &self,
         tx: &mut dyn Tx,
-        policy: &LoadedPolicy,
+        policy: &dyn Decider,
         c: &Completion,
         now_ms: i64,
     ) -> Result<CompletionAnswer, StoreError> {
@@ -180,7 +180,7 @@ impl<S: Store> Engine<S> {
             CallResult::Failed => {
                 self.finish_attempt(tx, &mut op, c.usage, now_ms)?;
                 let verdict = self.retry_verdict(tx, policy, &op, c, now_ms)?;
-                op.policy_digest = policy.digest.to_string();
+                op.policy_digest = policy.digest().to_string();
                 match (verdict.eligible, verdict.not_before_ms) {
                     (true, Some(not_before)) => {
                         op.not_before_ms = Some(not_before);
@@ -216,7 +216,7 @@ impl<S: Store> Engine<S> {
     fn retry_verdict(
         &self,
         tx: &mut dyn Tx,
-        policy: &LoadedPolicy,
+        policy: &dyn Decider,
         op: &Operation,
         c: &Completion,
         now_ms: i64,

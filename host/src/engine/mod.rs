@@ -20,7 +20,7 @@ pub use swap::{PolicyIdentity, SwapError};
 
 use crate::config::Config;
 use crate::model::{JobRef, OpState, Operation};
-use crate::runtime::{DecisionView, Jitter, LoadedPolicy, Runtime};
+use crate::runtime::{Decider, DecisionView, Jitter, Runtime};
 use crate::store::{Store, StoreError, Tx};
 use budgets::Budgets;
 use serde::Serialize;
@@ -29,8 +29,8 @@ use std::sync::{Arc, Mutex, RwLock};
 
 /// The active policy and the one before it (for rollback).
 struct Policies {
-    active: Arc<LoadedPolicy>,
-    previous: Option<Arc<LoadedPolicy>>,
+    active: Arc<dyn Decider>,
+    previous: Option<Arc<dyn Decider>>,
 }
 
 /// Admission control and fair dispatch over one store.
@@ -86,7 +86,7 @@ const DOWNSTREAM: &str = "downstream_available";
 
 impl<S: Store> Engine<S> {
     /// An engine on `store`, deciding with `policy` (already loaded and checked).
-    pub fn new(config: Config, store: S, runtime: Runtime, policy: Arc<LoadedPolicy>) -> Self {
+    pub fn new(config: Config, store: S, runtime: Runtime, policy: Arc<dyn Decider>) -> Self {
         let params = Arc::new(config.policy_params.clone());
         Engine {
             config,
@@ -106,7 +106,7 @@ impl<S: Store> Engine<S> {
 
     /// The policy new decisions use. A decision holds this `Arc` for its whole run, so a
     /// swap meanwhile cannot change the version it decides with.
-    pub fn active_policy(&self) -> Arc<LoadedPolicy> {
+    pub fn active_policy(&self) -> Arc<dyn Decider> {
         self.policies
             .read()
             .unwrap_or_else(|e| e.into_inner())
@@ -139,7 +139,7 @@ impl<S: Store> Engine<S> {
         now_ms: i64,
         with_operations: bool,
     ) -> Result<Inspection, StoreError> {
-        let policy = PolicyIdentity::of(&self.active_policy());
+        let policy = PolicyIdentity::of(self.active_policy().as_ref());
         let mut buckets = BTreeMap::new();
         let mut slots = BTreeMap::new();
         let mut queues = BTreeMap::new();

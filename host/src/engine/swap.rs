@@ -4,7 +4,7 @@
 
 use super::{Engine, Policies};
 use crate::reason::Reason;
-use crate::runtime::{DecisionView, LoadError, LoadedPolicy};
+use crate::runtime::{Decider, DecisionView, LoadError};
 use crate::store::{SqliteStore, Store, StoreError};
 use serde::Serialize;
 use std::sync::Arc;
@@ -18,11 +18,12 @@ pub struct PolicyIdentity {
 }
 
 impl PolicyIdentity {
-    pub fn of(p: &LoadedPolicy) -> Self {
+    pub fn of(p: &dyn Decider) -> Self {
+        let (info, digest) = (p.info(), p.digest());
         PolicyIdentity {
-            name: p.info.name.clone(),
-            version: p.info.version.clone(),
-            sha256: p.digest.to_string(),
+            name: info.name.clone(),
+            version: info.version.clone(),
+            sha256: digest.to_string(),
         }
     }
 }
@@ -43,14 +44,14 @@ pub enum SwapError {
 impl<S: Store> Engine<S> {
     /// Checks a candidate policy as the engine would use it, without touching this engine's
     /// state: the world, its self-check, and smoke decisions in a scratch in-memory store.
-    pub fn check_candidate(&self, bytes: &[u8]) -> Result<Arc<LoadedPolicy>, SwapError> {
+    pub fn check_candidate(&self, bytes: &[u8]) -> Result<Arc<dyn Decider>, SwapError> {
         let candidate = self.runtime.load(bytes, self.config.max_policy_bytes)?;
         match candidate.self_check(DecisionView::scratch(self.params.clone())) {
             Err(fault) => return Err(LoadError::Fault(fault).into()),
             Ok(Err(message)) => return Err(LoadError::SelfCheck(message).into()),
             Ok(Ok(())) => {}
         }
-        let candidate = Arc::new(candidate);
+        let candidate: Arc<dyn Decider> = Arc::new(candidate);
         if let Some(tenant) = self.config.tenants.keys().next() {
             let scratch = Engine::new(
                 self.config.clone(),
@@ -80,8 +81,8 @@ impl<S: Store> Engine<S> {
     }
 
     /// Makes an already-checked policy active; the one it replaces is kept for rollback.
-    pub fn activate(&self, policy: Arc<LoadedPolicy>) -> PolicyIdentity {
-        let identity = PolicyIdentity::of(&policy);
+    pub fn activate(&self, policy: Arc<dyn Decider>) -> PolicyIdentity {
+        let identity = PolicyIdentity::of(policy.as_ref());
         let mut p = self.policies.write().unwrap_or_else(|e| e.into_inner());
         let old = std::mem::replace(&mut p.active, policy);
         p.previous = Some(old);
@@ -95,11 +96,11 @@ impl<S: Store> Engine<S> {
         let previous = p.previous.take().ok_or(SwapError::NoPrevious)?;
         let current = std::mem::replace(&mut p.active, previous);
         p.previous = Some(current);
-        Ok(PolicyIdentity::of(&p.active))
+        Ok(PolicyIdentity::of(p.active.as_ref()))
     }
 
     /// The active policy's identity.
     pub fn policy_identity(&self) -> PolicyIdentity {
-        PolicyIdentity::of(&self.active_policy())
+        PolicyIdentity::of(self.active_policy().as_ref())
     }
 }
