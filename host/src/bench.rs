@@ -129,3 +129,134 @@ pub fn dispatch(
         claims_per_s: claimed as f64 / secs,
     })
 }
+
+/// Which store an admission benchmark runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum StoreKind {
+    Memory,
+    File,
+}
+
+/// One admission workload's result.
+#[derive(Clone, Debug, Serialize)]
+pub struct Throughput {
+    /// Admission-plus-completion cycles per second.
+    pub per_s: f64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+}
+
+fn admit_config(tenants: u32) -> Config {
+    let mut names = serde_json::Map::new();
+    for t in 0..tenants {
+        names.insert(format!("t{t:05}"), serde_json::json!({}));
+    }
+    Config::from_json(&serde_json::json!({
+        "global": {"requests": {"capacity": 1e12, "refill_per_s": 1e9}, "concurrency": 100000000u64},
+        "tenant_defaults": {"requests": {"capacity": 1e12, "refill_per_s": 1e9},
+                            "tokens": {"capacity": 1e12, "refill_per_s": 1e9}},
+        "tenants": names,
+    }))
+    .expect("benchmark configuration is valid")
+}
+
+/// Runs `ops` cycles (an interactive admission, then its completion) with `decider`, in
+/// batches of `batch` jobs per transaction as the service's writer does (1 = a transaction
+/// per call). Latency is per admission: the batch's time divided by its admissions for
+/// batched runs, the call's own time otherwise.
+pub fn admissions(
+    decider: Arc<dyn crate::runtime::Decider>,
+    store: StoreKind,
+    dir: &Path,
+    tenants: u32,
+    ops: u64,
+    batch: usize,
+) -> Result<Throughput, String> {
+    use crate::engine::{Completion, Job};
+    use crate::model::CallResult;
+    let store = match store {
+        StoreKind::Memory => SqliteStore::in_memory(),
+        StoreKind::File => {
+            let path = dir.join("admissions.db");
+            for suffix in ["", "-wal", "-shm"] {
+                let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+            }
+            SqliteStore::open(&path)
+        }
+    }
+    .map_err(|e| e.to_string())?;
+    let runtime = Runtime::new().map_err(|e| e.to_string())?;
+    let config = admit_config(tenants);
+    let tenant_names: Vec<String> = config.tenants.keys().cloned().collect();
+    let engine = Engine::new(config, store, runtime, decider);
+    let request = |i: u64| crate::model::Request {
+        tenant: tenant_names[(i % u64::from(tenants)) as usize].clone(),
+        key: format!("op-{i}"),
+        route: Route::Interactive,
+        input_tokens: 200,
+        optional_context_tokens: 0,
+        max_output_tokens: 300,
+        deadline_ms: i64::MAX,
+        size_bytes: 0,
+        body_ref: None,
+        fingerprint: None,
+    };
+    let completion = |i: u64| Completion {
+        tenant: tenant_names[(i % u64::from(tenants)) as usize].clone(),
+        key: format!("op-{i}"),
+        result: CallResult::Succeeded,
+        usage: None,
+        failure: None,
+        provider_retry_after_ms: None,
+        result_ref: None,
+        worker: None,
+    };
+    let mut latencies: Vec<f64> = Vec::with_capacity(ops as usize);
+    let started = Instant::now();
+    let mut i = 0u64;
+    while i < ops {
+        let n = (ops - i).min(batch.max(1) as u64);
+        let now_ms = 1 + (i / 1000) as i64;
+        if batch <= 1 {
+            let t = Instant::now();
+            let d = engine
+                .admit_request(&request(i), now_ms)
+                .map_err(|e| e.to_string())?;
+            latencies.push(t.elapsed().as_secs_f64() * 1e6);
+            if !d.authorises_call() {
+                return Err(format!("admission refused in the benchmark: {d:?}"));
+            }
+            engine
+                .complete(&completion(i), now_ms)
+                .map_err(|e| e.to_string())?;
+        } else {
+            let admits: Vec<Job> = (i..i + n)
+                .map(|j| Job::Admit {
+                    request: request(j),
+                    now_ms,
+                })
+                .collect();
+            let t = Instant::now();
+            engine.run_batch(&admits).map_err(|e| e.to_string())?;
+            let per = t.elapsed().as_secs_f64() * 1e6 / n as f64;
+            latencies.extend(std::iter::repeat_n(per, n as usize));
+            let completes: Vec<Job> = (i..i + n)
+                .map(|j| Job::Complete {
+                    completion: completion(j),
+                    now_ms,
+                })
+                .collect();
+            engine.run_batch(&completes).map_err(|e| e.to_string())?;
+        }
+        i += n;
+    }
+    let secs = started.elapsed().as_secs_f64();
+    latencies.sort_by(|a, b| a.total_cmp(b));
+    let pct = |p: f64| latencies[((latencies.len() as f64 - 1.0) * p).round() as usize];
+    Ok(Throughput {
+        per_s: ops as f64 / secs,
+        p50_us: pct(0.50),
+        p99_us: pct(0.99),
+    })
+}

@@ -67,7 +67,9 @@ enum Command {
     /// Benchmarks (use a release build).
     Bench {
         #[command(subcommand)]
-        command: BenchCommand,
+        command: Option<BenchCommand>,
+        #[command(flatten)]
+        admit: AdmitBenchArgs,
     },
     /// Policy modules.
     Policy {
@@ -86,6 +88,25 @@ enum ConformanceCommand {
         #[arg(long, default_value = "standard")]
         policy: String,
     },
+}
+
+/// The admission benchmark (the default `bench`).
+#[derive(clap::Args)]
+struct AdmitBenchArgs {
+    /// Where the store lives.
+    #[arg(long, value_enum, default_value = "file")]
+    store: tollgate::bench::StoreKind,
+    #[arg(long, default_value_t = 1_000)]
+    tenants: u32,
+    /// Admission-plus-completion cycles per workload.
+    #[arg(long, default_value_t = 100_000)]
+    ops: u64,
+    /// Jobs per transaction (group commit, as the service's writer does).
+    #[arg(long, default_value_t = 64)]
+    batch: usize,
+    /// Print one JSON line at the end.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Subcommand)]
@@ -231,13 +252,18 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Bench {
+            command: None,
+            admit,
+        } => bench_admissions(&admit),
+        Command::Bench {
             command:
-                BenchCommand::Dispatch {
+                Some(BenchCommand::Dispatch {
                     tenants,
                     jobs,
                     claims,
                     json,
-                },
+                }),
+            ..
         } => {
             let dir = tempfile_dir()?;
             let small = tollgate::bench::dispatch(&dir, 10, 1_000, 1_000)?;
@@ -385,6 +411,65 @@ fn open_engine(runtime: Runtime, args: &EngineArgs) -> Result<Engine<SqliteStore
         .load(&bytes, config.max_policy_bytes)
         .map_err(|e| e.to_string())?;
     Ok(Engine::new(config, store, runtime, Arc::new(policy)))
+}
+
+fn bench_admissions(a: &AdmitBenchArgs) -> Result<ExitCode, String> {
+    use tollgate::bench::admissions;
+    use tollgate::runtime::{builtin, Decider};
+    let dir = tempfile_dir()?;
+    let runtime = Runtime::new().map_err(|e| e.to_string())?;
+    let wasm: Arc<dyn Decider> = Arc::new(
+        runtime
+            .load(builtin::get("standard").unwrap(), u64::MAX)
+            .map_err(|e| e.to_string())?,
+    );
+    let native: Arc<dyn Decider> = Arc::new(tollgate::native::NativeStandard::default());
+    let fixed: Arc<dyn Decider> = Arc::new(tollgate::native::Fixed::default());
+    let (tenants, ops, batch) = (a.tenants, a.ops, a.batch);
+    // One after the other in one process, so that the ratios compare like with like.
+    let wasm_run = admissions(wasm.clone(), a.store, &dir, tenants, ops, batch)?;
+    let native_run = admissions(native, a.store, &dir, tenants, ops, batch)?;
+    let store_run = admissions(fixed, a.store, &dir, tenants, ops, batch)?;
+    // Per-call latency: one transaction per admission, as an embedding library call.
+    let latency_run = admissions(wasm, a.store, &dir, tenants, (ops / 4).max(1000), 1)?;
+    let _ = std::fs::remove_dir_all(&dir);
+    println!(
+        "store={:?} tenants={tenants} ops={ops} batch={batch}",
+        a.store
+    );
+    println!("{:<28} {:>12}", "workload", "cycles/s");
+    println!("{:<28} {:>12.0}", "wasm (standard policy)", wasm_run.per_s);
+    println!("{:<28} {:>12.0}", "native (same rules)", native_run.per_s);
+    println!(
+        "{:<28} {:>12.0}",
+        "store only (fixed plan)", store_run.per_s
+    );
+    println!(
+        "{:<28} {:>12.0}",
+        "wasm, one commit per call", latency_run.per_s
+    );
+    println!("wasm/native: {:.2}", wasm_run.per_s / native_run.per_s);
+    println!(
+        "per admission (one commit per call): p50 {:.1} us, p99 {:.1} us",
+        latency_run.p50_us, latency_run.p99_us
+    );
+    if a.json {
+        let line = serde_json::json!({
+            "wasm_per_s": wasm_run.per_s.round(),
+            "native_per_s": native_run.per_s.round(),
+            "store_only_per_s": store_run.per_s.round(),
+            "unbatched_wasm_per_s": latency_run.per_s.round(),
+            "p50_us": (latency_run.p50_us * 10.0).round() / 10.0,
+            "p99_us": (latency_run.p99_us * 10.0).round() / 10.0,
+            "store": a.store,
+            "tenants": tenants,
+            "ops": ops,
+            "batch": batch,
+            "redis_lua_per_s": serde_json::Value::Null,
+        });
+        println!("{line}");
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn print_admin_answer(response: Result<ureq::Response, ureq::Error>) -> Result<ExitCode, String> {

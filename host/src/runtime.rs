@@ -28,6 +28,9 @@ use bindings::{Policy, PolicyPre};
 pub const FUEL_PER_CALL: u64 = 20_000_000;
 /// Linear memory one decision may grow to.
 pub const MEMORY_PER_CALL: usize = 32 << 20;
+/// Instances that may be live at once (decisions, self-checks and smoke decisions of
+/// candidates). Past that an instantiation fails, and the decision fails closed.
+pub const POOL_SLOTS: u32 = 256;
 
 /// The SHA-256 of a policy component, recorded with every decision it makes.
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -220,6 +223,17 @@ impl Runtime {
         // Policies are small; a modest reservation keeps fresh instances cheap to map.
         config.memory_reservation(MEMORY_PER_CALL as u64 * 2);
         config.memory_guard_size(64 << 10);
+        // A fresh instance per decision is the isolation guarantee; the pooling allocator
+        // makes it cheap (slots are reused, memory reset by copy-on-write, pages kept resident).
+        let mut pool = wasmtime::PoolingAllocationConfig::default();
+        pool.total_component_instances(POOL_SLOTS)
+            .total_core_instances(POOL_SLOTS * 2)
+            .total_memories(POOL_SLOTS)
+            .total_tables(POOL_SLOTS * 2)
+            .max_memory_size(MEMORY_PER_CALL)
+            .linear_memory_keep_resident(256 << 10)
+            .table_keep_resident(16 << 10);
+        config.allocation_strategy(wasmtime::InstanceAllocationStrategy::Pooling(pool));
         let engine = Engine::new(&config)?;
         let mut linker = Linker::new(&engine);
         Policy::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;

@@ -54,6 +54,8 @@ impl SqliteStore {
     }
 
     fn init(conn: Connection) -> Result<Self, StoreError> {
+        // Every statement of this file stays prepared (the default cache holds only 16).
+        conn.set_prepared_statement_cache_capacity(64);
         conn.execute_batch(SCHEMA)?;
         let version: Option<String> = conn
             .query_row(

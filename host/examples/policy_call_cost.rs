@@ -1,0 +1,42 @@
+//! How long one policy call takes: a fresh instance from the pool, fuel, the call.
+//! `cargo run --release --example policy_call_cost`
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+use tollgate::runtime::{builtin, Decider, DecisionView, Request, Route, Runtime};
+
+fn main() {
+    let runtime = Runtime::new().unwrap();
+    let wasm = runtime
+        .load(builtin::get("standard").unwrap(), u64::MAX)
+        .unwrap();
+    let native = tollgate::native::NativeStandard::default();
+    let params = Arc::new(BTreeMap::new());
+    let req = Request {
+        tenant: "acme".into(),
+        key: "k".into(),
+        route: Route::Interactive,
+        input_tokens: 100,
+        optional_context_tokens: 0,
+        max_output_tokens: 100,
+        deadline_ms: 1_000_000,
+        size_bytes: 0,
+        attempt: 1,
+    };
+    for (name, d) in [
+        ("wasm", &wasm as &dyn Decider),
+        ("native", &native as &dyn Decider),
+    ] {
+        let n = 20_000;
+        let started = Instant::now();
+        for _ in 0..n {
+            d.admit(DecisionView::scratch(params.clone()), &req)
+                .unwrap();
+        }
+        println!(
+            "{name}: {:.2} us per call",
+            started.elapsed().as_secs_f64() * 1e6 / n as f64
+        );
+    }
+}
