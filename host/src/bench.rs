@@ -148,17 +148,20 @@ pub struct Throughput {
 }
 
 fn admit_config(tenants: u32) -> Config {
+    Config::from_json(&admit_config_json(tenants)).expect("benchmark configuration is valid")
+}
+
+fn admit_config_json(tenants: u32) -> serde_json::Value {
     let mut names = serde_json::Map::new();
     for t in 0..tenants {
         names.insert(format!("t{t:05}"), serde_json::json!({}));
     }
-    Config::from_json(&serde_json::json!({
+    serde_json::json!({
         "global": {"requests": {"capacity": 1e12, "refill_per_s": 1e9}, "concurrency": 100000000u64},
         "tenant_defaults": {"requests": {"capacity": 1e12, "refill_per_s": 1e9},
                             "tokens": {"capacity": 1e12, "refill_per_s": 1e9}},
         "tenants": names,
-    }))
-    .expect("benchmark configuration is valid")
+    })
 }
 
 /// Runs `ops` cycles (an interactive admission, then its completion) with `decider`, in
@@ -258,5 +261,115 @@ pub fn admissions(
         per_s: ops as f64 / secs,
         p50_us: pct(0.50),
         p99_us: pct(0.99),
+    })
+}
+
+/// The HTTP service under load on loopback.
+#[derive(Clone, Debug, Serialize)]
+pub struct HttpFigures {
+    pub connections: usize,
+    pub requests: u64,
+    pub admissions_per_s: f64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub errors: u64,
+}
+
+/// Starts `tollgate serve` in this process on a file-backed store and drives it with
+/// `connections` keep-alive HTTP/1.1 connections sending admissions, `requests` in all.
+pub fn http(
+    dir: &Path,
+    tenants: u32,
+    connections: usize,
+    requests: u64,
+) -> Result<HttpFigures, String> {
+    use crate::service::{self, ServeConfig};
+    use http_body_util::{BodyExt, Full};
+    use hyper::body::Bytes;
+    use hyper_util::client::legacy::Client;
+    use hyper_util::rt::TokioExecutor;
+
+    let mut config = serde_json::to_value(admit_config_json(tenants)).map_err(|e| e.to_string())?;
+    let mut callers = serde_json::Map::new();
+    for t in 0..tenants {
+        callers.insert(format!("key-{t}"), serde_json::json!(format!("t{t:05}")));
+    }
+    config["auth"] = serde_json::json!({"callers": callers});
+    let config = ServeConfig::from_json(&config)?;
+    let path = dir.join("http.db");
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    }
+    let store = SqliteStore::open(&path).map_err(|e| e.to_string())?;
+    let (state, writer) = service::build(config, store)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.map_err(|e| e.to_string())?;
+        let addr = listener.local_addr().map_err(|e| e.to_string())?;
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(service::serve(listener, state, writer, async move {
+            let _ = stop_rx.await;
+        }));
+        let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+        let per_connection = requests.div_ceil(connections as u64);
+        let started = Instant::now();
+        let mut tasks = Vec::new();
+        for c in 0..connections {
+            let client = client.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut latencies = Vec::with_capacity(per_connection as usize);
+                let mut errors = 0u64;
+                for i in 0..per_connection {
+                    let n = c as u64 * per_connection + i;
+                    let tenant = n % u64::from(tenants);
+                    let body = format!(
+                        r#"{{"key":"op-{n}","route":"interactive","input_tokens":200,"max_output_tokens":300,"deadline_ms":{}}}"#,
+                        i64::MAX
+                    );
+                    let req = hyper::Request::post(format!("http://{addr}/v1/admit"))
+                        .header("authorization", format!("Bearer key-{tenant}"))
+                        .header("content-type", "application/json")
+                        .body(Full::new(Bytes::from(body)))
+                        .expect("request");
+                    let t = Instant::now();
+                    match client.request(req).await {
+                        Ok(resp) => {
+                            let ok = resp.status() == 200;
+                            let _ = resp.into_body().collect().await;
+                            if !ok {
+                                errors += 1;
+                            }
+                        }
+                        Err(_) => errors += 1,
+                    }
+                    latencies.push(t.elapsed().as_secs_f64() * 1e3);
+                }
+                (latencies, errors)
+            }));
+        }
+        let mut latencies = Vec::new();
+        let mut errors = 0;
+        for t in tasks {
+            let (l, e) = t.await.map_err(|e| e.to_string())?;
+            latencies.extend(l);
+            errors += e;
+        }
+        let secs = started.elapsed().as_secs_f64();
+        let _ = stop_tx.send(());
+        drop(client);
+        let _ = server.await;
+        latencies.sort_by(|a, b| a.total_cmp(b));
+        let pct = |p: f64| latencies[((latencies.len() as f64 - 1.0) * p).round() as usize];
+        Ok(HttpFigures {
+            connections,
+            requests: latencies.len() as u64,
+            admissions_per_s: latencies.len() as f64 / secs,
+            p50_ms: pct(0.5),
+            p99_ms: pct(0.99),
+            errors,
+        })
     })
 }

@@ -111,6 +111,18 @@ struct AdmitBenchArgs {
 
 #[derive(Subcommand)]
 enum BenchCommand {
+    /// Admissions per second and latency through `tollgate serve` on loopback (file store).
+    Http {
+        #[arg(long, default_value_t = 1_000)]
+        tenants: u32,
+        #[arg(long, default_value_t = 64)]
+        connections: usize,
+        #[arg(long, default_value_t = 100_000)]
+        requests: u64,
+        /// Print one JSON line at the end.
+        #[arg(long)]
+        json: bool,
+    },
     /// Claims per second at a large queue (many tenants, many jobs) next to a small one.
     Dispatch {
         #[arg(long, default_value_t = 10_000)]
@@ -255,6 +267,28 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             command: None,
             admit,
         } => bench_admissions(&admit),
+        Command::Bench {
+            command:
+                Some(BenchCommand::Http {
+                    tenants,
+                    connections,
+                    requests,
+                    json,
+                }),
+            ..
+        } => {
+            let dir = tempfile_dir()?;
+            let f = tollgate::bench::http(&dir, tenants, connections, requests)?;
+            let _ = std::fs::remove_dir_all(&dir);
+            println!(
+                "{} admissions over {} connections: {:.0}/s, p50 {:.2} ms, p99 {:.2} ms, {} errors",
+                f.requests, f.connections, f.admissions_per_s, f.p50_ms, f.p99_ms, f.errors
+            );
+            if json {
+                println!("{}", serde_json::json!(f));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Bench {
             command:
                 Some(BenchCommand::Dispatch {

@@ -5,7 +5,10 @@
 //! [`Store::transaction`]: it reads rows, decides, and writes rows; the store makes that
 //! all-or-nothing.
 
+mod cached;
 pub mod sqlite;
+
+pub use cached::Cached;
 
 use crate::bucket;
 use crate::model::Operation;
