@@ -20,6 +20,10 @@ struct Server {
 
 impl Server {
     fn start(dir: &Path, config: &Value) -> Server {
+        Server::start_with(dir, config, &[])
+    }
+
+    fn start_with(dir: &Path, config: &Value, extra: &[&str]) -> Server {
         let config_path = dir.join("config.json");
         std::fs::write(&config_path, config.to_string()).unwrap();
         let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -31,6 +35,7 @@ impl Server {
             .args(["serve", "--config", config_path.to_str().unwrap(), "--db"])
             .arg(dir.join("state.db"))
             .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -486,4 +491,111 @@ fn policy_file(dir: &Path, name: &str) -> PathBuf {
     let path = dir.join(format!("{name}.wasm"));
     std::fs::write(&path, tollgate::runtime::builtin::get(name).unwrap()).unwrap();
     path
+}
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+fn wait_for_policy(s: &Server, name: &str) -> bool {
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(15) {
+        if s.call("GET", "/v1/admin/policy", Some(ADMIN), None).2["name"] == name {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    false
+}
+
+#[test]
+fn a_watched_policy_is_activated_and_verification_can_refuse_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let watched = dir.path().join("policies");
+    std::fs::create_dir(&watched).unwrap();
+    let s = Server::start_with(
+        dir.path(),
+        &config(),
+        &["--watch-policy", watched.to_str().unwrap()],
+    );
+    std::fs::copy(
+        policy_file(dir.path(), "deny-all"),
+        watched.join("candidate.wasm"),
+    )
+    .unwrap();
+    assert!(
+        wait_for_policy(&s, "deny-all"),
+        "the watched module was not activated"
+    );
+    assert_eq!(
+        s.admit(CALLER, request("w1", "interactive", 10)).2["reason"],
+        "overloaded"
+    );
+    assert!(s.stop().success());
+
+    // With --verify-with, a module that fails the project's scenarios is refused.
+    let dir2 = tempfile::tempdir().unwrap();
+    let watched = dir2.path().join("policies");
+    std::fs::create_dir(&watched).unwrap();
+    let scenarios = repo().join("tests/scenarios");
+    let s = Server::start_with(
+        dir2.path(),
+        &config(),
+        &[
+            "--watch-policy",
+            watched.to_str().unwrap(),
+            "--verify-with",
+            scenarios.to_str().unwrap(),
+        ],
+    );
+    std::fs::copy(
+        policy_file(dir2.path(), "deny-all"),
+        watched.join("candidate.wasm"),
+    )
+    .unwrap();
+    assert!(
+        !wait_for_policy(&s, "deny-all"),
+        "an unverified module was activated"
+    );
+    let refused = ureq::put(&format!("{}/v1/admin/policy", s.base))
+        .set("Authorization", &format!("Bearer {ADMIN}"))
+        .send_bytes(tollgate::runtime::builtin::get("deny-all").unwrap());
+    let Err(ureq::Error::Status(422, r)) = refused else {
+        panic!("unverified policy not refused over HTTP")
+    };
+    assert!(r.into_string().unwrap().contains("verification"));
+    assert_eq!(
+        s.call("GET", "/v1/admin/policy", Some(ADMIN), None).2["name"],
+        "standard"
+    );
+    assert!(s.stop().success());
+}
+
+#[test]
+fn policy_check_verifies_against_scenarios() {
+    let scenarios = repo().join("tests/scenarios");
+    let check = |policy: &str| {
+        Command::new(env!("CARGO_BIN_EXE_tollgate"))
+            .args([
+                "policy",
+                "check",
+                policy,
+                "--verify-with",
+                scenarios.to_str().unwrap(),
+            ])
+            .output()
+            .unwrap()
+    };
+    let ok = check("standard");
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stdout)
+    );
+    let refused = check("deny-all");
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stdout).contains("failed against the candidate"));
 }

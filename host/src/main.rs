@@ -63,6 +63,12 @@ enum Command {
         /// Log as JSON lines instead of text.
         #[arg(long)]
         json_logs: bool,
+        /// Watch this policy file (or the newest `.wasm` in this folder) and activate it when it changes.
+        #[arg(long)]
+        watch_policy: Option<PathBuf>,
+        /// Scenario files or folders every candidate policy must pass before activation.
+        #[arg(long)]
+        verify_with: Vec<PathBuf>,
     },
     /// Benchmarks (use a release build).
     Bench {
@@ -145,6 +151,9 @@ enum PolicyCommand {
         policy: String,
         #[arg(long)]
         config: Option<PathBuf>,
+        /// Scenario files or folders the policy must pass (for scenarios that name no policy).
+        #[arg(long)]
+        verify_with: Vec<PathBuf>,
     },
     /// List the built-in policies with their identities.
     List,
@@ -328,7 +337,9 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             listen,
             db,
             json_logs,
-        } => serve(&config, &listen, &db, json_logs),
+            watch_policy,
+            verify_with,
+        } => serve(&config, &listen, &db, json_logs, watch_policy, verify_with),
         Command::Policy {
             command:
                 PolicyCommand::Swap {
@@ -367,7 +378,12 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Policy {
-            command: PolicyCommand::Check { policy, config },
+            command:
+                PolicyCommand::Check {
+                    policy,
+                    config,
+                    verify_with,
+                },
         } => {
             let args = EngineArgs {
                 config,
@@ -376,7 +392,18 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             };
             let engine = open_engine(runtime, &args)?;
             let bytes = scenario::resolve_policy(&policy, None)?;
-            match engine.check_candidate(&bytes) {
+            let checked = engine
+                .check_candidate(&bytes)
+                .map_err(|e| e.to_string())
+                .and_then(|p| {
+                    if verify_with.is_empty() {
+                        return Ok(p);
+                    }
+                    let n = scenario::verify(engine.runtime(), p.clone(), &verify_with)?;
+                    println!("verified against {n} scenario files");
+                    Ok(p)
+                });
+            match checked {
                 Ok(p) => {
                     println!(
                         "ok\t{}\t{}\t{}",
@@ -520,7 +547,14 @@ fn print_admin_answer(response: Result<ureq::Response, ureq::Error>) -> Result<E
     }
 }
 
-fn serve(config: &Path, listen: &str, db: &Path, json_logs: bool) -> Result<ExitCode, String> {
+fn serve(
+    config: &Path,
+    listen: &str,
+    db: &Path,
+    json_logs: bool,
+    watch_policy: Option<PathBuf>,
+    verify_with: Vec<PathBuf>,
+) -> Result<ExitCode, String> {
     let filter =
         tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
     if json_logs {
@@ -537,17 +571,27 @@ fn serve(config: &Path, listen: &str, db: &Path, json_logs: bool) -> Result<Exit
     let config = tollgate::service::ServeConfig::from_json(&value)
         .map_err(|e| format!("{}: {e}", config.display()))?;
     let store = SqliteStore::open(db).map_err(|e| format!("{}: {e}", db.display()))?;
-    let (state, writer) = tollgate::service::build(config, store)?;
+    let (state, writer) = tollgate::service::build_with(config, store, verify_with)?;
+    let watcher = watch_policy.map(|path| {
+        tracing::info!(path = %path.display(), "watching the policy");
+        tollgate::service::watch_policy(&state, path)
+    });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .map_err(|e| e.to_string())?;
+    let shutdown = async move {
+        tollgate::service::shutdown_signal().await;
+        // The watcher holds the engine: stop it before the writer drains.
+        if let Some((stop, handle)) = watcher {
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            let _ = tokio::task::spawn_blocking(move || handle.join()).await;
+        }
+    };
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind(listen).await.map_err(|e| format!("{listen}: {e}"))?;
         tracing::info!(listen = %listener.local_addr().map_err(|e| e.to_string())?, db = %db.display(), "serving");
-        tollgate::service::serve(listener, state, writer, tollgate::service::shutdown_signal())
-            .await
-            .map_err(|e| e.to_string())
+        tollgate::service::serve(listener, state, writer, shutdown).await.map_err(|e| e.to_string())
     })?;
     Ok(ExitCode::SUCCESS)
 }

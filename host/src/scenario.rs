@@ -521,3 +521,33 @@ mod tests {
         assert!(!matches(&json!([1, 2]), &json!([1])));
     }
 }
+
+/// Runs scenario files against a candidate policy before it is activated (policy authors'
+/// CI uses the same runner). Scenarios that do not name a policy use the candidate; those
+/// that name a fixture keep it. Every failure is listed.
+pub fn verify(
+    runtime: &Runtime,
+    candidate: Arc<dyn Decider>,
+    paths: &[PathBuf],
+) -> Result<usize, String> {
+    let files = collect(paths)?;
+    let mut runner = Runner::new(runtime.clone());
+    runner.default_decider = Some(candidate);
+    let mut failures = Vec::new();
+    for file in &files {
+        match Scenario::load(file).and_then(|s| runner.run(&s).map(|m| (s.name, m))) {
+            Ok((_, m)) if m.is_empty() => {}
+            Ok((name, m)) => failures.extend(m.iter().map(|m| format!("{name}: {m}"))),
+            Err(e) => failures.push(e.to_string()),
+        }
+    }
+    if failures.is_empty() {
+        Ok(files.len())
+    } else {
+        Err(format!(
+            "{} scenario step(s) failed against the candidate:\n{}",
+            failures.len(),
+            failures.join("\n")
+        ))
+    }
+}

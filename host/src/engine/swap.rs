@@ -35,6 +35,8 @@ pub enum SwapError {
     Load(#[from] LoadError),
     #[error("policy failed its smoke decisions: {0}")]
     Smoke(String),
+    #[error("policy failed verification: {0}")]
+    Verify(String),
     #[error("no previous policy to roll back to")]
     NoPrevious,
     #[error(transparent)]
@@ -78,6 +80,26 @@ impl<S: Store> Engine<S> {
     pub fn swap_policy(&self, bytes: &[u8]) -> Result<PolicyIdentity, SwapError> {
         let candidate = self.check_candidate(bytes)?;
         Ok(self.activate(candidate))
+    }
+
+    /// As [`Engine::swap_policy`], with the candidate also run against scenario files first
+    /// (`--verify-with`): any failing step refuses it.
+    pub fn swap_policy_verified(
+        &self,
+        bytes: &[u8],
+        scenarios: &[std::path::PathBuf],
+    ) -> Result<PolicyIdentity, SwapError> {
+        let candidate = self.check_candidate(bytes)?;
+        if !scenarios.is_empty() {
+            crate::scenario::verify(&self.runtime, candidate.clone(), scenarios)
+                .map_err(SwapError::Verify)?;
+        }
+        Ok(self.activate(candidate))
+    }
+
+    /// The runtime policies are loaded with.
+    pub fn runtime(&self) -> &crate::runtime::Runtime {
+        &self.runtime
     }
 
     /// Makes an already-checked policy active; the one it replaces is kept for rollback.

@@ -7,6 +7,7 @@
 
 mod config;
 mod metrics;
+mod watch;
 mod writer;
 
 pub use config::{Role, ServeConfig};
@@ -62,6 +63,8 @@ pub struct AppState {
     pub keys: std::collections::HashMap<String, Role>,
     pub metrics: Metrics,
     pub clock: Clock,
+    /// Scenario files every candidate policy must pass before activation.
+    pub verify_with: Vec<std::path::PathBuf>,
 }
 
 /// The service's error answers: `{"outcome": "rejected", "reason": word}`.
@@ -464,13 +467,15 @@ async fn policy_put(
     admin(&s, &headers)?;
     let bytes = read_body(&headers, body, s.engine.config().max_policy_bytes).await?;
     let engine = s.engine.clone();
-    let result = tokio::task::spawn_blocking(move || engine.swap_policy(&bytes))
-        .await
-        .map_err(|_| refuse(500, "internal"))?;
+    let verify_with = s.verify_with.clone();
+    let result =
+        tokio::task::spawn_blocking(move || engine.swap_policy_verified(&bytes, &verify_with))
+            .await
+            .map_err(|_| refuse(500, "internal"))?;
     match result {
         Ok(identity) => {
             tracing::info!(name = %identity.name, version = %identity.version, sha256 = %identity.sha256, "policy activated");
-            set_policy_gauge(&s);
+            set_policy_gauge(&s.engine, &s.metrics);
             Ok(axum::Json(json!(identity)).into_response())
         }
         Err(e) => {
@@ -487,7 +492,7 @@ async fn policy_rollback(State(s): State<Shared>, headers: HeaderMap) -> Result<
     match s.engine.rollback() {
         Ok(identity) => {
             tracing::info!(name = %identity.name, sha256 = %identity.sha256, "policy rolled back");
-            set_policy_gauge(&s);
+            set_policy_gauge(&s.engine, &s.metrics);
             Ok(axum::Json(json!(identity)).into_response())
         }
         Err(e) => {
@@ -573,10 +578,10 @@ async fn metrics(State(s): State<Shared>) -> Result<Response, Refusal> {
     Ok(response)
 }
 
-fn set_policy_gauge(s: &AppState) {
-    let id = s.engine.policy_identity();
-    s.metrics.policy.reset();
-    s.metrics
+fn set_policy_gauge(engine: &Engine<SqliteStore>, metrics: &Metrics) {
+    let id = engine.policy_identity();
+    metrics.policy.reset();
+    metrics
         .policy
         .with_label_values(&[id.name.as_str(), id.version.as_str(), id.sha256.as_str()])
         .set(1.0);
@@ -586,6 +591,15 @@ fn set_policy_gauge(s: &AppState) {
 pub fn build(
     config: ServeConfig,
     store: SqliteStore,
+) -> Result<(Shared, std::thread::JoinHandle<()>), String> {
+    build_with(config, store, Vec::new())
+}
+
+/// As [`build`], with scenario files every candidate policy must pass (`--verify-with`).
+pub fn build_with(
+    config: ServeConfig,
+    store: SqliteStore,
+    verify_with: Vec<std::path::PathBuf>,
 ) -> Result<(Shared, std::thread::JoinHandle<()>), String> {
     let metrics = Metrics::new();
     let mut runtime = Runtime::new().map_err(|e| format!("starting wasmtime: {e:#}"))?;
@@ -598,7 +612,7 @@ pub fn build(
     let engine = Arc::new(Engine::new(config.engine, store, runtime, Arc::new(policy)));
     // The configured policy must pass the same checks as a swapped-in one.
     engine
-        .swap_policy(&bytes)
+        .swap_policy_verified(&bytes, &verify_with)
         .map_err(|e| format!("policy {}: {e}", config.policy))?;
     let (writer, handle) = Writer::start(engine.clone());
     let state = Arc::new(AppState {
@@ -607,8 +621,9 @@ pub fn build(
         keys: config.keys,
         metrics,
         clock: Clock::default(),
+        verify_with,
     });
-    set_policy_gauge(&state);
+    set_policy_gauge(&state.engine, &state.metrics);
     Ok((state, handle))
 }
 
@@ -664,6 +679,25 @@ pub async fn serve(
         .ok();
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Starts watching a policy file or folder; the returned flag stops the watcher.
+pub fn watch_policy(
+    state: &Shared,
+    path: std::path::PathBuf,
+) -> (
+    Arc<std::sync::atomic::AtomicBool>,
+    std::thread::JoinHandle<()>,
+) {
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let handle = watch::spawn(
+        state.engine.clone(),
+        state.metrics.clone(),
+        path,
+        state.verify_with.clone(),
+        stop.clone(),
+    );
+    (stop, handle)
 }
 
 /// Resolves on SIGTERM or SIGINT.
