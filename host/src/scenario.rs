@@ -506,22 +506,6 @@ fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
     Ok(())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn partial_matching() {
-        assert!(matches(&json!({"a": 1}), &json!({"a": 1.0, "b": 2})));
-        assert!(!matches(&json!({"a": 1}), &json!({"b": 1})));
-        assert!(matches(&json!({"min": 1, "max": 3}), &json!(3)));
-        assert!(!matches(&json!({"min": 1, "max": 3}), &json!(4)));
-        assert!(matches(&Value::Null, &Value::Null));
-        assert!(!matches(&Value::Null, &json!(5)));
-        assert!(!matches(&json!([1, 2]), &json!([1])));
-    }
-}
-
 /// Runs scenario files against a candidate policy before it is activated (policy authors'
 /// CI uses the same runner). Scenarios that do not name a policy use the candidate; those
 /// that name a fixture keep it. Every failure is listed.
@@ -549,5 +533,21 @@ pub fn verify(
             failures.len(),
             failures.join("\n")
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn partial_matching() {
+        assert!(matches(&json!({"a": 1}), &json!({"a": 1.0, "b": 2})));
+        assert!(!matches(&json!({"a": 1}), &json!({"b": 1})));
+        assert!(matches(&json!({"min": 1, "max": 3}), &json!(3)));
+        assert!(!matches(&json!({"min": 1, "max": 3}), &json!(4)));
+        assert!(matches(&Value::Null, &Value::Null));
+        assert!(!matches(&Value::Null, &json!(5)));
+        assert!(!matches(&json!([1, 2]), &json!([1])));
     }
 }
