@@ -493,6 +493,9 @@ fn bench_admissions(a: &AdmitBenchArgs) -> Result<ExitCode, String> {
     let store_run = admissions(fixed, a.store, &dir, tenants, ops, batch)?;
     // Per-call latency: one transaction per admission, as an embedding library call.
     let latency_run = admissions(wasm, a.store, &dir, tenants, (ops / 4).max(1000), 1)?;
+    let redis_dir = dir.join("redis");
+    std::fs::create_dir_all(&redis_dir).map_err(|e| e.to_string())?;
+    let redis = tollgate::bench::redis_peer::run(&redis_dir, tenants, ops)?;
     let _ = std::fs::remove_dir_all(&dir);
     println!(
         "store={:?} tenants={tenants} ops={ops} batch={batch}",
@@ -509,6 +512,10 @@ fn bench_admissions(a: &AdmitBenchArgs) -> Result<ExitCode, String> {
         "{:<28} {:>12.0}",
         "wasm, one commit per call", latency_run.per_s
     );
+    match redis {
+        Some(r) => println!("{:<28} {:>12.0}", "redis lua (loopback peer)", r),
+        None => println!("{:<28} {:>12}", "redis lua (loopback peer)", "no redis-server"),
+    }
     println!("wasm/native: {:.2}", wasm_run.per_s / native_run.per_s);
     println!(
         "per admission (one commit per call): p50 {:.1} us, p99 {:.1} us",
@@ -526,7 +533,7 @@ fn bench_admissions(a: &AdmitBenchArgs) -> Result<ExitCode, String> {
             "tenants": tenants,
             "ops": ops,
             "batch": batch,
-            "redis_lua_per_s": serde_json::Value::Null,
+            "redis_lua_per_s": redis.map(f64::round),
         });
         println!("{line}");
     }
