@@ -443,7 +443,16 @@ return 'ok'
             .map_err(|e| e.to_string())?
             .port();
         let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "yes"])
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "yes",
+            ])
             .args(["--appendfsync", "everysec", "--dir"])
             .arg(dir)
             .stdout(Stdio::null())
@@ -451,12 +460,15 @@ return 'ok'
             .spawn();
         let Ok(child) = child else { return Ok(None) };
         let _server = Server(child);
-        let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).map_err(|e| e.to_string())?;
+        let client =
+            redis::Client::open(format!("redis://127.0.0.1:{port}/")).map_err(|e| e.to_string())?;
         let started = Instant::now();
         let mut con = loop {
             match client.get_connection() {
                 Ok(c) => break c,
-                Err(_) if started.elapsed() < Duration::from_secs(10) => std::thread::sleep(Duration::from_millis(50)),
+                Err(_) if started.elapsed() < Duration::from_secs(10) => {
+                    std::thread::sleep(Duration::from_millis(50))
+                }
                 Err(e) => return Err(format!("redis-server did not start: {e}")),
             }
         };
@@ -488,7 +500,11 @@ return 'ok'
             if answer != "accepted" {
                 return Err(format!("redis peer refused an admission: {answer}"));
             }
-            let done: String = complete.key(&op).key("slots:global").invoke(&mut con).map_err(|e| e.to_string())?;
+            let done: String = complete
+                .key(&op)
+                .key("slots:global")
+                .invoke(&mut con)
+                .map_err(|e| e.to_string())?;
             if done != "ok" {
                 return Err(format!("redis peer refused a completion: {done}"));
             }

@@ -514,7 +514,10 @@ fn bench_admissions(a: &AdmitBenchArgs) -> Result<ExitCode, String> {
     );
     match redis {
         Some(r) => println!("{:<28} {:>12.0}", "redis lua (loopback peer)", r),
-        None => println!("{:<28} {:>12}", "redis lua (loopback peer)", "no redis-server"),
+        None => println!(
+            "{:<28} {:>12}",
+            "redis lua (loopback peer)", "no redis-server"
+        ),
     }
     println!("wasm/native: {:.2}", wasm_run.per_s / native_run.per_s);
     println!(
