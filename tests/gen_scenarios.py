@@ -225,6 +225,21 @@ scenario("dispatch-no-capacity", "A job whose tokens or slot cannot be reserved 
      inspect(1, queues={"a": 1, "b": 0}, buckets={"tenant.a.tokens": 100, "tenant.b.tokens": 800}),
      dispatch(2, "w1", 5, claimed_count=0, reason="no_capacity")])
 
+scenario("dispatch-stops-when-nothing-can-be-claimed", "A turn that ends on an emptied queue, followed by tenants that cannot reserve, ends the call with no_capacity instead of cycling.",
+    {"global": {"concurrency": 100}, "scheduler": {"max_claims_per_worker": 100},
+     "tenant_defaults": {"tokens": {"capacity": 1000, "refill_per_s": 0}},
+     "tenants": {"a": {"weight": 2}, "b": {}, "c": {}}},
+    [admit(0, req("a", "a1", route="durable"), outcome="queued"),
+     admit(0, req("b", "big", i=450, o=450), outcome="accepted"),
+     admit(0, req("c", "big", i=450, o=450), outcome="accepted"),
+     admit(0, req("b", "b1", route="durable", i=100, o=100), outcome="queued"),
+     admit(0, req("c", "c1", route="durable", i=100, o=100), outcome="queued"),
+     dispatch(1, "w", 1, claimed=jobs(("a", "a1"))),
+     dispatch(2, "w", 5, claimed_count=0, reason="no_capacity"),
+     complete(3, "b", "big", "succeeded", {"ok": True}),
+     dispatch(4, "w", 5, claimed_count=0, reason="no_capacity"),
+     inspect(4, queues={"a": 0, "b": 1, "c": 1})])
+
 scenario("queue-full", "The queue bound counts per tenant, answers 429 with the busy estimate, and spends nothing.",
     {"tenant_defaults": {"queue_limit": 1}, "tenants": {"a": {}, "b": {}}, "policy_params": {"busy_retry_after_ms": 300}},
     [admit(0, req("a", "d1", route="durable"), outcome="queued"),

@@ -66,6 +66,23 @@ pub enum CallResult {
     Unknown,
 }
 
+/// How an `unknown` outcome turned out, once the caller knows (`reconcile`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Resolution {
+    Succeeded,
+    Failed,
+}
+
+impl From<Resolution> for CallResult {
+    fn from(r: Resolution) -> Self {
+        match r {
+            Resolution::Succeeded => CallResult::Succeeded,
+            Resolution::Failed => CallResult::Failed,
+        }
+    }
+}
+
 /// Tokens a provider reports as used.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -4,7 +4,7 @@
 
 use crate::config::Config;
 use crate::engine::{Completion, Engine, Reconciliation};
-use crate::model::{CallResult, Usage};
+use crate::model::{CallResult, Resolution, Usage};
 use crate::runtime::{builtin, Decider, Runtime};
 use crate::store::{SqliteStore, Store};
 use serde::de::DeserializeOwned;
@@ -68,13 +68,6 @@ struct ReconcileArgs {
     usage: Option<Usage>,
     #[serde(default)]
     result_ref: Option<String>,
-}
-
-#[derive(Debug, Deserialize, Clone, Copy)]
-#[serde(rename_all = "snake_case")]
-enum Resolution {
-    Succeeded,
-    Failed,
 }
 
 #[derive(Debug, Deserialize)]
@@ -377,10 +370,7 @@ impl Runner {
                 let rec = Reconciliation {
                     tenant: r.tenant.clone(),
                     key: r.key.clone(),
-                    resolution: match r.resolution {
-                        Resolution::Succeeded => CallResult::Succeeded,
-                        Resolution::Failed => CallResult::Failed,
-                    },
+                    resolution: r.resolution.into(),
                     usage: r.usage,
                     result_ref: r.result_ref.clone(),
                     worker: None,

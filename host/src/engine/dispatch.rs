@@ -139,8 +139,8 @@ impl<S: Store> Engine<S> {
         let want = count.min(room);
 
         let mut pos = Position::load(tx)?;
-        // The first tenant of a run of turns without a claim; meeting it again ends a cycle.
-        let mut stall_start: Option<String> = None;
+        // The turns since the last claim; meeting any of their tenants again means every
+        // backlogged tenant has had a turn without a claim.
         let mut stalled: Vec<(String, Blocked)> = Vec::new();
         let mut stop = None;
         while (answer.claimed.len() as u32) < want {
@@ -156,7 +156,7 @@ impl<S: Store> Engine<S> {
                         stop = Some(DispatchReason::Empty);
                         break;
                     };
-                    if stall_start.as_deref() == Some(next.as_str()) {
+                    if stalled.iter().any(|(t, _)| *t == next) {
                         // A whole cycle without a claim.
                         if !self.fast_forward(tx, &stalled)? {
                             stop = Some(if stalled.iter().any(|(_, b)| *b == Blocked::Capacity) {
@@ -183,14 +183,10 @@ impl<S: Store> Engine<S> {
             match self.take_turn_step(tx, &tenant, worker, &mut pos, now_ms)? {
                 Ok(claim) => {
                     answer.claimed.push(claim);
-                    stall_start = None;
                     stalled.clear();
                 }
                 Err(blocked) => {
                     pos.in_turn = false;
-                    if stall_start.is_none() {
-                        stall_start = Some(tenant.clone());
-                    }
                     stalled.push((tenant, blocked));
                 }
             }

@@ -15,7 +15,7 @@ pub use metrics::Metrics;
 pub use writer::Writer;
 
 use crate::engine::{Answer, Completion, Engine, Job, Reconciliation};
-use crate::model::{CallResult, Usage};
+use crate::model::{CallResult, Resolution, Usage};
 use crate::reason::Reason;
 use crate::runtime::{LoadedPolicy, Runtime};
 use crate::scenario::resolve_policy;
@@ -289,13 +289,6 @@ struct ReconcileBody {
     result_ref: Option<String>,
 }
 
-#[derive(Deserialize, Clone, Copy)]
-#[serde(rename_all = "snake_case")]
-enum Resolution {
-    Succeeded,
-    Failed,
-}
-
 fn completion_response(answer: Answer) -> Result<Response, Refusal> {
     let Answer::Completion(a) = answer else {
         return Err(refuse(500, "internal"));
@@ -318,20 +311,36 @@ fn check_key(key: &str) -> Result<(), Refusal> {
     }
 }
 
+/// The shared start of `complete` and `reconcile`: a caller or worker key, a bounded JSON
+/// body, a valid operation key, and whom the report is for (tenant, and the worker if any).
+async fn report<T: for<'de> Deserialize<'de>>(
+    s: &AppState,
+    key: &str,
+    headers: &HeaderMap,
+    body: Body,
+    tenant_of: impl FnOnce(&mut T) -> Option<String>,
+) -> Result<(T, String, Option<String>), Refusal> {
+    let role = role(s, headers)?;
+    if role == Role::Admin {
+        return Err(refuse(403, "forbidden"));
+    }
+    let bytes = read_body(headers, body, s.engine.config().max_request_bytes).await?;
+    let mut b: T = json_body(&bytes)?;
+    check_key(key)?;
+    let (tenant, worker) = acting_for(role, tenant_of(&mut b))?;
+    Ok((b, tenant, worker))
+}
+
 async fn complete(
     State(s): State<Shared>,
     Path(key): Path<String>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, Refusal> {
-    let role = role(&s, &headers)?;
-    if role == Role::Admin {
-        return Err(refuse(403, "forbidden"));
-    }
-    let bytes = read_body(&headers, body, s.engine.config().max_request_bytes).await?;
-    let b: CompleteBody = json_body(&bytes)?;
-    check_key(&key)?;
-    let (tenant, worker) = acting_for(role, b.tenant)?;
+    let (b, tenant, worker) = report(&s, &key, &headers, body, |b: &mut CompleteBody| {
+        b.tenant.take()
+    })
+    .await?;
     let completion = Completion {
         tenant,
         key,
@@ -360,21 +369,14 @@ async fn reconcile(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, Refusal> {
-    let role = role(&s, &headers)?;
-    if role == Role::Admin {
-        return Err(refuse(403, "forbidden"));
-    }
-    let bytes = read_body(&headers, body, s.engine.config().max_request_bytes).await?;
-    let b: ReconcileBody = json_body(&bytes)?;
-    check_key(&key)?;
-    let (tenant, worker) = acting_for(role, b.tenant)?;
+    let (b, tenant, worker) = report(&s, &key, &headers, body, |b: &mut ReconcileBody| {
+        b.tenant.take()
+    })
+    .await?;
     let reconciliation = Reconciliation {
         tenant,
         key,
-        resolution: match b.resolution {
-            Resolution::Succeeded => CallResult::Succeeded,
-            Resolution::Failed => CallResult::Failed,
-        },
+        resolution: b.resolution.into(),
         usage: b.usage,
         result_ref: b.result_ref,
         worker,
