@@ -192,6 +192,12 @@ fn statuses_retry_after_and_auth() {
     let (status, _, body) = s.call("POST", "/v1/admit", Some(CALLER), Some(&huge_body));
     assert_eq!((status, body["reason"].clone()), (413, json!("too_large")));
 
+    // A deadline that cannot be met: 504, nothing spent.
+    let mut late = request("kd", "interactive", 10);
+    late["deadline_ms"] = json!(now_ms() - 1);
+    let (status, retry, body) = s.admit(CALLER, late);
+    assert_eq!((status, retry, body["reason"].clone()), (504, None, json!("deadline_exceeded")));
+
     // Global concurrency 503 with the busy estimate; Retry-After rounds up to seconds.
     assert_eq!(
         s.admit(OTHER_CALLER, request("g1", "interactive", 10)).0,
