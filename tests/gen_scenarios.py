@@ -198,6 +198,19 @@ scenario("faulty-retry-fails-closed", "Faults spend nothing even for durable wor
      admit(1, req("acme", "fine"), outcome="accepted")],
     policy="faulty")
 
+scenario("contract-breaking-plans-fail-closed", "A policy that asks for more than was requested, for no output, or for an endless execution is refused or bounded by the host; its retry time in the past becomes now.",
+    {"tenants": {"acme": {}}, "global": {"concurrency": 1}},
+    [admit(0, req("acme", "raise-1"), outcome="rejected", reason="policy_error", http=503, retry_after_ms=None),
+     admit(0, req("acme", "context-1", optional_context_tokens=5), outcome="rejected", reason="policy_error"),
+     admit(0, req("acme", "zero-1"), outcome="rejected", reason="policy_error"),
+     admit(0, req("acme", "forever-1"), outcome="rejected", reason="deadline_exceeded", http=504),
+     inspect(0, buckets={"tenant.acme.requests": 10, "tenant.acme.tokens": 20000}, slots={"global": 0}),
+     admit(1, req("acme", "k1"), outcome="accepted"),
+     admit(1, req("acme", "k2"), outcome="rejected", reason="global_concurrency", http=503, retry_after_ms=3600000),
+     complete(5, "acme", "k1", "failed", {"ok": True, "retry": {"eligible": True, "not_before_ms": 5}}, failure="bad_request"),
+     admit(5, req("acme", "k1"), outcome="accepted", attempt=2)],
+    policy="greedy")
+
 # --- durable and dispatch ---------------------------------------------------------------
 scenario("durable-retry-requeues", "A failed durable job eligible for retry goes back to the tail of its queue, waits for not_before without blocking others, and its attempt grows when claimed again.",
     {"tenants": {"acme": {}}, "policy_params": {"backoff_base_ms": 1000, "backoff_cap_ms": 1000},

@@ -196,7 +196,10 @@ fn statuses_retry_after_and_auth() {
     let mut late = request("kd", "interactive", 10);
     late["deadline_ms"] = json!(now_ms() - 1);
     let (status, retry, body) = s.admit(CALLER, late);
-    assert_eq!((status, retry, body["reason"].clone()), (504, None, json!("deadline_exceeded")));
+    assert_eq!(
+        (status, retry, body["reason"].clone()),
+        (504, None, json!("deadline_exceeded"))
+    );
 
     // Global concurrency 503 with the busy estimate; Retry-After rounds up to seconds.
     assert_eq!(

@@ -67,5 +67,7 @@ pub fn param_or(name: &str, default: f64) -> f64 {
 
 /// The tokens a request reserves: input, optional context and the output cap.
 pub fn reservation(input: u64, optional_context: u64, max_output: u64) -> u64 {
-    input.saturating_add(optional_context).saturating_add(max_output)
+    input
+        .saturating_add(optional_context)
+        .saturating_add(max_output)
 }

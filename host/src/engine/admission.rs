@@ -177,11 +177,14 @@ impl<S: Store> Engine<S> {
                 let retry_after = if reason == Reason::TooLarge {
                     None
                 } else {
-                    r.retry_after_ms
+                    r.retry_after_ms.map(bounded_estimate)
                 };
                 return Ok(with_policy(Decision::rejected(reason, retry_after)));
             }
-            Ok(Admission::Admit(plan)) => plan,
+            Ok(Admission::Admit(mut plan)) => {
+                plan.busy_retry_after_ms = plan.busy_retry_after_ms.map(bounded_estimate);
+                plan
+            }
         };
         // A plan may reduce the request, never raise it; durable work is never degraded.
         let plan_ok = plan.max_output_tokens >= 1
@@ -286,6 +289,14 @@ impl<S: Store> Engine<S> {
         };
         Ok(Decision::about(outcome, &op))
     }
+}
+
+/// The longest retry-after a policy may estimate; a policy's figure is advice to callers,
+/// and an absurd one (a hostile or broken module) must not tell them to go away for years.
+pub const MAX_POLICY_RETRY_AFTER_MS: u64 = 3_600_000;
+
+fn bounded_estimate(ms: u64) -> u64 {
+    ms.min(MAX_POLICY_RETRY_AFTER_MS)
 }
 
 /// From this time on, `now + estimate >= deadline`: the job can no longer finish in time.

@@ -9,7 +9,10 @@ struct DenyAll;
 
 impl Policy for DenyAll {
     fn describe() -> PolicyInfo {
-        PolicyInfo { name: "deny-all".into(), version: env!("CARGO_PKG_VERSION").into() }
+        PolicyInfo {
+            name: "deny-all".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+        }
     }
 
     fn self_check() -> Result<(), String> {
@@ -17,7 +20,10 @@ impl Policy for DenyAll {
     }
 
     fn admit(_req: Request) -> Admission {
-        Admission::Refuse(Refusal { reason: RefusalReason::Overloaded, retry_after_ms: None })
+        Admission::Refuse(Refusal {
+            reason: RefusalReason::Overloaded,
+            retry_after_ms: None,
+        })
     }
 
     fn on_failure(report: FailureReport) -> RetryDecision {

@@ -10,7 +10,10 @@ struct Faulty;
 
 impl Policy for Faulty {
     fn describe() -> PolicyInfo {
-        PolicyInfo { name: "faulty".into(), version: env!("CARGO_PKG_VERSION").into() }
+        PolicyInfo {
+            name: "faulty".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+        }
     }
 
     fn self_check() -> Result<(), String> {

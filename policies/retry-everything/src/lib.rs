@@ -10,7 +10,10 @@ struct RetryEverything;
 
 impl Policy for RetryEverything {
     fn describe() -> PolicyInfo {
-        PolicyInfo { name: "retry-everything".into(), version: env!("CARGO_PKG_VERSION").into() }
+        PolicyInfo {
+            name: "retry-everything".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+        }
     }
 
     fn self_check() -> Result<(), String> {

@@ -8,7 +8,10 @@ struct Standard;
 
 impl Policy for Standard {
     fn describe() -> PolicyInfo {
-        PolicyInfo { name: "standard".into(), version: env!("CARGO_PKG_VERSION").into() }
+        PolicyInfo {
+            name: "standard".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+        }
     }
 
     fn self_check() -> Result<(), String> {
