@@ -301,7 +301,7 @@ pub fn http(
         let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
     }
     let store = SqliteStore::open(&path).map_err(|e| e.to_string())?;
-    let (state, writer) = service::build(config, store)?;
+    let (state, writer) = service::build(config, crate::store::AnyStore::Sqlite(store))?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

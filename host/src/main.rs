@@ -8,7 +8,7 @@ use std::sync::Arc;
 use tollgate::config::Config;
 use tollgate::runtime::Runtime;
 use tollgate::scenario::{self, Runner, Scenario};
-use tollgate::store::SqliteStore;
+use tollgate::store::{AnyStore, PgStore, SqliteStore};
 use tollgate::Engine;
 
 #[derive(Parser)]
@@ -57,9 +57,9 @@ enum Command {
         config: PathBuf,
         #[arg(long, default_value = "127.0.0.1:8080")]
         listen: String,
-        /// SQLite database file (created if missing).
+        /// SQLite database file (created if missing), or a `postgres://` URL for a store shared by replicas.
         #[arg(long, default_value = "tollgate.db")]
-        db: PathBuf,
+        db: String,
         /// Log as JSON lines instead of text.
         #[arg(long)]
         json_logs: bool,
@@ -93,6 +93,10 @@ enum ConformanceCommand {
         /// Policy (built-in name or `.wasm` file) for scenarios that do not name one.
         #[arg(long, default_value = "standard")]
         policy: String,
+        /// A `postgres://` URL to run every scenario against PostgreSQL (each in a fresh
+        /// schema of its own); default: a private in-memory SQLite store per scenario.
+        #[arg(long)]
+        db: Option<String>,
     },
 }
 
@@ -181,9 +185,9 @@ struct EngineArgs {
     /// Configuration file (JSON, SPEC.md section 9); default: the defaults with no tenants.
     #[arg(long)]
     config: Option<PathBuf>,
-    /// SQLite database file (created if missing); default: a private in-memory store.
+    /// SQLite database file (created if missing) or `postgres://` URL; default: a private in-memory store.
     #[arg(long)]
-    db: Option<PathBuf>,
+    db: Option<String>,
     /// Built-in policy name or `.wasm` file.
     #[arg(long, default_value = "standard")]
     policy: String,
@@ -204,8 +208,8 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
     let runtime = Runtime::new().map_err(|e| format!("starting wasmtime: {e:#}"))?;
     match cli.command {
         Command::Conformance {
-            command: ConformanceCommand::Run { paths, policy },
-        } => conformance(runtime, &paths, policy),
+            command: ConformanceCommand::Run { paths, policy, db },
+        } => conformance(runtime, &paths, policy, db),
         Command::Decide {
             engine,
             now,
@@ -422,13 +426,40 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
     }
 }
 
-fn conformance(runtime: Runtime, paths: &[PathBuf], policy: String) -> Result<ExitCode, String> {
+fn conformance(
+    runtime: Runtime,
+    paths: &[PathBuf],
+    policy: String,
+    db: Option<String>,
+) -> Result<ExitCode, String> {
     let files = scenario::collect(paths)?;
     let mut runner = Runner::new(runtime);
     runner.default_policy = policy;
+    if let Some(db) = &db {
+        if !tollgate::store::is_postgres_url(db) {
+            return Err(format!(
+                "--db {db}: conformance runs take a postgres:// URL (SQLite runs in memory)"
+            ));
+        }
+    }
     let (mut passed, mut failed) = (0, 0);
-    for file in files {
-        let outcome = Scenario::load(&file).and_then(|s| runner.run(&s).map(|m| (s.name, m)));
+    for (i, file) in files.into_iter().enumerate() {
+        let outcome = Scenario::load(&file).and_then(|s| {
+            let mismatches = match &db {
+                Some(url) => {
+                    let schema = format!("tollgate_conformance_{}_{i}", std::process::id());
+                    let store = PgStore::open_scratch(url, &schema).map_err(|e| {
+                        tollgate::scenario::ScenarioError {
+                            path: file.display().to_string(),
+                            message: e.to_string(),
+                        }
+                    })?;
+                    runner.run_on(&s, store)?
+                }
+                None => runner.run(&s)?,
+            };
+            Ok((s.name, mismatches))
+        });
         match outcome {
             Ok((_, mismatches)) if mismatches.is_empty() => passed += 1,
             Ok((name, mismatches)) => {
@@ -451,7 +482,7 @@ fn conformance(runtime: Runtime, paths: &[PathBuf], policy: String) -> Result<Ex
     })
 }
 
-fn open_engine(runtime: Runtime, args: &EngineArgs) -> Result<Engine<SqliteStore>, String> {
+fn open_engine(runtime: Runtime, args: &EngineArgs) -> Result<Engine<AnyStore>, String> {
     let config = match &args.config {
         Some(path) => {
             let text =
@@ -463,8 +494,8 @@ fn open_engine(runtime: Runtime, args: &EngineArgs) -> Result<Engine<SqliteStore
         None => Config::from_json(&serde_json::json!({})).map_err(|e| e.to_string())?,
     };
     let store = match &args.db {
-        Some(path) => SqliteStore::open(Path::new(path)),
-        None => SqliteStore::in_memory(),
+        Some(db) => AnyStore::open(db),
+        None => SqliteStore::in_memory().map(AnyStore::Sqlite),
     }
     .map_err(|e| e.to_string())?;
     let bytes = scenario::resolve_policy(&args.policy, None)?;
@@ -560,7 +591,7 @@ fn print_admin_answer(response: Result<ureq::Response, ureq::Error>) -> Result<E
 fn serve(
     config: &Path,
     listen: &str,
-    db: &Path,
+    db: &str,
     json_logs: bool,
     watch_policy: Option<PathBuf>,
     verify_with: Vec<PathBuf>,
@@ -580,7 +611,7 @@ fn serve(
         serde_json::from_str(&text).map_err(|e| format!("{}: {e}", config.display()))?;
     let config = tollgate::service::ServeConfig::from_json(&value)
         .map_err(|e| format!("{}: {e}", config.display()))?;
-    let store = SqliteStore::open(db).map_err(|e| format!("{}: {e}", db.display()))?;
+    let store = AnyStore::open(db).map_err(|e| format!("{db}: {e}"))?;
     let (state, writer) = tollgate::service::build_with(config, store, verify_with)?;
     let watcher = watch_policy.map(|path| {
         tracing::info!(path = %path.display(), "watching the policy");
@@ -600,7 +631,7 @@ fn serve(
     };
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind(listen).await.map_err(|e| format!("{listen}: {e}"))?;
-        tracing::info!(listen = %listener.local_addr().map_err(|e| e.to_string())?, db = %db.display(), "serving");
+        tracing::info!(listen = %listener.local_addr().map_err(|e| e.to_string())?, db = %db, "serving");
         tollgate::service::serve(listener, state, writer, shutdown).await.map_err(|e| e.to_string())
     })?;
     Ok(ExitCode::SUCCESS)

@@ -54,7 +54,30 @@ pub enum Answer {
     Inspection(Box<Inspection>),
 }
 
+impl Job {
+    /// Sets the job's logical time (a shared store's clock replaces the caller's).
+    pub fn set_now(&mut self, now: i64) {
+        match self {
+            Job::Admit { now_ms, .. }
+            | Job::Complete { now_ms, .. }
+            | Job::Reconcile { now_ms, .. }
+            | Job::Dispatch { now_ms, .. }
+            | Job::Inspect { now_ms }
+            | Job::Levels { now_ms } => *now_ms = now,
+            Job::SetDownstream { .. } | Job::Operation { .. } => {}
+        }
+    }
+}
+
 impl<S: Store> Engine<S> {
+    /// The store's own clock, when it has one that must be the one clock (PostgreSQL).
+    pub fn store_clock_ms(&self) -> Result<Option<i64>, StoreError> {
+        self.store
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clock_ms()
+    }
+
     /// Runs `jobs` in one store transaction, each in a savepoint of its own, and answers
     /// each. Nothing is answered before the transaction commits.
     pub fn run_batch(&self, jobs: &[Job]) -> Result<Vec<Result<Answer, StoreError>>, StoreError> {

@@ -19,7 +19,7 @@ use crate::model::{CallResult, Resolution, Usage};
 use crate::reason::Reason;
 use crate::runtime::{LoadedPolicy, Runtime};
 use crate::scenario::resolve_policy;
-use crate::store::SqliteStore;
+use crate::store::AnyStore;
 use crate::validate;
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, Request, State};
@@ -58,7 +58,7 @@ impl Clock {
 
 /// What every handler shares.
 pub struct AppState {
-    pub engine: Arc<Engine<SqliteStore>>,
+    pub engine: Arc<Engine<AnyStore>>,
     pub writer: Writer,
     pub keys: std::collections::HashMap<String, Role>,
     pub metrics: Metrics,
@@ -580,7 +580,7 @@ async fn metrics(State(s): State<Shared>) -> Result<Response, Refusal> {
     Ok(response)
 }
 
-fn set_policy_gauge(engine: &Engine<SqliteStore>, metrics: &Metrics) {
+fn set_policy_gauge(engine: &Engine<AnyStore>, metrics: &Metrics) {
     let id = engine.policy_identity();
     metrics.policy.reset();
     metrics
@@ -592,7 +592,7 @@ fn set_policy_gauge(engine: &Engine<SqliteStore>, metrics: &Metrics) {
 /// Builds the engine, the writer and the shared state from a configuration and a store.
 pub fn build(
     config: ServeConfig,
-    store: SqliteStore,
+    store: AnyStore,
 ) -> Result<(Shared, std::thread::JoinHandle<()>), String> {
     build_with(config, store, Vec::new())
 }
@@ -600,7 +600,7 @@ pub fn build(
 /// As [`build`], with scenario files every candidate policy must pass (`--verify-with`).
 pub fn build_with(
     config: ServeConfig,
-    store: SqliteStore,
+    store: AnyStore,
     verify_with: Vec<std::path::PathBuf>,
 ) -> Result<(Shared, std::thread::JoinHandle<()>), String> {
     let metrics = Metrics::new();

@@ -5,7 +5,7 @@
 use super::{set_policy_gauge, Metrics};
 use crate::engine::Engine;
 use crate::runtime::PolicyDigest;
-use crate::store::SqliteStore;
+use crate::store::AnyStore;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -35,7 +35,7 @@ fn current(path: &Path) -> Option<(PathBuf, SystemTime, u64)> {
 
 /// Watches `path` until `stop` is set.
 pub fn spawn(
-    engine: Arc<Engine<SqliteStore>>,
+    engine: Arc<Engine<AnyStore>>,
     metrics: Metrics,
     path: PathBuf,
     verify_with: Vec<PathBuf>,

@@ -3,7 +3,7 @@
 //! A job is answered only after its batch committed.
 
 use crate::engine::{Answer, Engine, Job};
-use crate::store::SqliteStore;
+use crate::store::AnyStore;
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -25,7 +25,7 @@ pub struct Writer {
 impl Writer {
     /// Starts the writer thread. It ends when every `Writer` handle is dropped, after
     /// finishing (and committing) what it was given.
-    pub fn start(engine: Arc<Engine<SqliteStore>>) -> (Writer, JoinHandle<()>) {
+    pub fn start(engine: Arc<Engine<AnyStore>>) -> (Writer, JoinHandle<()>) {
         let (tx, rx) = mpsc::sync_channel::<(Job, Reply)>(QUEUE_BOUND);
         let handle = std::thread::Builder::new()
             .name("tollgate-writer".into())
@@ -38,7 +38,12 @@ impl Writer {
                             Err(_) => break,
                         }
                     }
-                    let (jobs, replies): (Vec<Job>, Vec<Reply>) = batch.into_iter().unzip();
+                    let (mut jobs, replies): (Vec<Job>, Vec<Reply>) = batch.into_iter().unzip();
+                    // Replicas on a shared store all use its clock, so that skewed machine
+                    // clocks cannot mint credits.
+                    if let Ok(Some(now)) = engine.store_clock_ms() {
+                        jobs.iter_mut().for_each(|j| j.set_now(now));
+                    }
                     match engine.run_batch(&jobs) {
                         Ok(answers) => {
                             for (answer, reply) in answers.into_iter().zip(replies) {

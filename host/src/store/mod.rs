@@ -6,6 +6,7 @@
 //! all-or-nothing.
 
 mod cached;
+pub mod postgres;
 pub mod sqlite;
 
 pub use cached::Cached;
@@ -13,6 +14,7 @@ pub use cached::Cached;
 use crate::bucket;
 use crate::model::Operation;
 
+pub use postgres::PgStore;
 pub use sqlite::SqliteStore;
 
 /// A failure of the store itself (I/O, corruption, a schema from the future).
@@ -20,6 +22,8 @@ pub use sqlite::SqliteStore;
 pub enum StoreError {
     #[error("database: {0}")]
     Database(#[from] rusqlite::Error),
+    #[error("postgres: {0}")]
+    Postgres(#[from] ::postgres::Error),
     #[error("stored record is unreadable: {0}")]
     Record(#[from] serde_json::Error),
     #[error("{0}")]
@@ -55,6 +59,66 @@ pub trait Store: Send {
         mut f: impl FnMut(usize, &mut dyn Tx) -> Result<T, StoreError>,
     ) -> Result<Vec<Result<T, StoreError>>, StoreError> {
         Ok((0..n).map(|i| self.transaction(|tx| f(i, tx))).collect())
+    }
+
+    /// The store's own clock in Unix ms, when the store is shared by replicas and its clock
+    /// must be the one clock (PostgreSQL); `None` for a store owned by one process.
+    fn clock_ms(&mut self) -> Result<Option<i64>, StoreError> {
+        Ok(None)
+    }
+}
+
+/// A store chosen at run time: a SQLite file (the default) or a `postgres://` URL.
+pub enum AnyStore {
+    Sqlite(SqliteStore),
+    Postgres(Box<PgStore>),
+}
+
+impl AnyStore {
+    /// `postgres://…` or `postgresql://…` selects PostgreSQL; anything else is a SQLite file.
+    pub fn open(db: &str) -> Result<Self, StoreError> {
+        if is_postgres_url(db) {
+            Ok(AnyStore::Postgres(Box::new(PgStore::open(db)?)))
+        } else {
+            Ok(AnyStore::Sqlite(SqliteStore::open(std::path::Path::new(
+                db,
+            ))?))
+        }
+    }
+}
+
+/// Whether a `--db` value names a PostgreSQL server.
+pub fn is_postgres_url(db: &str) -> bool {
+    db.starts_with("postgres://") || db.starts_with("postgresql://")
+}
+
+impl Store for AnyStore {
+    fn transaction<T, E>(&mut self, f: impl FnOnce(&mut dyn Tx) -> Result<T, E>) -> Result<T, E>
+    where
+        E: From<StoreError>,
+    {
+        match self {
+            AnyStore::Sqlite(s) => s.transaction(f),
+            AnyStore::Postgres(s) => s.transaction(f),
+        }
+    }
+
+    fn transaction_many<T>(
+        &mut self,
+        n: usize,
+        f: impl FnMut(usize, &mut dyn Tx) -> Result<T, StoreError>,
+    ) -> Result<Vec<Result<T, StoreError>>, StoreError> {
+        match self {
+            AnyStore::Sqlite(s) => s.transaction_many(n, f),
+            AnyStore::Postgres(s) => s.transaction_many(n, f),
+        }
+    }
+
+    fn clock_ms(&mut self) -> Result<Option<i64>, StoreError> {
+        match self {
+            AnyStore::Sqlite(s) => s.clock_ms(),
+            AnyStore::Postgres(s) => s.clock_ms(),
+        }
     }
 }
 

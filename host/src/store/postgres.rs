@@ -1,0 +1,336 @@
+//! The PostgreSQL store: one authority for many replicas. Every transaction first takes one
+//! transaction-scoped advisory lock, so the engine's transactions are serialised across all
+//! replicas exactly as SQLite serialises them within one process (no deadlock, no
+//! serialization failure to retry, nothing a caller could see as a wrong answer). The
+//! database's clock is the one clock for refill and deadlines.
+
+use super::{QueuedJob, Store, StoreError, Tx};
+use crate::bucket;
+use crate::model::Operation;
+use postgres::{Client, NoTls, Row, Statement, Transaction};
+use std::collections::HashMap;
+
+/// The schema version this host writes; a newer one is refused.
+const SCHEMA_VERSION: i64 = 1;
+/// The advisory lock every engine transaction takes first.
+const ENGINE_LOCK: i64 = 0x746f_6c6c_6761_7465; // "tollgate"
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS buckets (
+    name TEXT PRIMARY KEY, balance_micro BIGINT NOT NULL, updated_ms BIGINT NOT NULL);
+CREATE TABLE IF NOT EXISTS slots (scope TEXT PRIMARY KEY, in_use BIGINT NOT NULL);
+CREATE TABLE IF NOT EXISTS operations (
+    tenant TEXT NOT NULL, key TEXT NOT NULL, state TEXT NOT NULL, worker TEXT,
+    record TEXT NOT NULL, PRIMARY KEY (tenant, key));
+CREATE INDEX IF NOT EXISTS operations_by_worker ON operations (worker, state)
+    WHERE worker IS NOT NULL;
+CREATE TABLE IF NOT EXISTS queue (
+    seq BIGSERIAL PRIMARY KEY, tenant TEXT NOT NULL, key TEXT NOT NULL,
+    tokens BIGINT NOT NULL, not_before_ms BIGINT NOT NULL, expire_at_ms BIGINT NOT NULL);
+CREATE UNIQUE INDEX IF NOT EXISTS queue_by_tenant ON queue (tenant, seq);
+CREATE UNIQUE INDEX IF NOT EXISTS queue_by_key ON queue (tenant, key);
+CREATE INDEX IF NOT EXISTS queue_by_expiry ON queue (expire_at_ms);
+CREATE TABLE IF NOT EXISTS tenant_queues (
+    tenant TEXT PRIMARY KEY, depth BIGINT NOT NULL, deficit BIGINT NOT NULL);
+CREATE INDEX IF NOT EXISTS tenant_queues_backlogged ON tenant_queues (tenant) WHERE depth > 0;
+";
+
+const STATEMENTS: &[(&str, &str)] = &[
+    ("bucket", "SELECT balance_micro, updated_ms FROM buckets WHERE name = $1"),
+    ("set_bucket", "INSERT INTO buckets (name, balance_micro, updated_ms) VALUES ($1, $2, $3)
+        ON CONFLICT (name) DO UPDATE SET balance_micro = $2, updated_ms = $3"),
+    ("slots", "SELECT in_use FROM slots WHERE scope = $1"),
+    ("set_slots", "INSERT INTO slots (scope, in_use) VALUES ($1, $2)
+        ON CONFLICT (scope) DO UPDATE SET in_use = $2"),
+    ("operation", "SELECT record FROM operations WHERE tenant = $1 AND key = $2"),
+    ("put_operation", "INSERT INTO operations (tenant, key, state, worker, record) VALUES ($1, $2, $3, $4, $5)
+        ON CONFLICT (tenant, key) DO UPDATE SET state = $3, worker = $4, record = $5"),
+    ("operations", "SELECT record FROM operations ORDER BY tenant, key"),
+    ("unfinished", "SELECT COUNT(*) FROM operations WHERE worker = $1 AND state IN ('active', 'unknown')"),
+    ("meta", "SELECT value FROM meta WHERE name = $1"),
+    ("set_meta", "INSERT INTO meta (name, value) VALUES ($1, $2) ON CONFLICT (name) DO UPDATE SET value = $2"),
+    ("enqueue", "INSERT INTO queue (tenant, key, tokens, not_before_ms, expire_at_ms) VALUES ($1, $2, $3, $4, $5)"),
+    ("depth_up", "INSERT INTO tenant_queues (tenant, depth, deficit) VALUES ($1, 1, 0)
+        ON CONFLICT (tenant) DO UPDATE SET depth = tenant_queues.depth + 1"),
+    ("dequeue", "DELETE FROM queue WHERE tenant = $1 AND key = $2"),
+    ("depth_down", "UPDATE tenant_queues SET depth = depth - $2 WHERE tenant = $1"),
+    ("depth", "SELECT depth FROM tenant_queues WHERE tenant = $1"),
+    ("ready_head", "SELECT tenant, key, tokens, not_before_ms, expire_at_ms FROM queue
+        WHERE tenant = $1 AND not_before_ms <= $2 ORDER BY seq LIMIT 1"),
+    ("next_after", "SELECT tenant FROM tenant_queues WHERE depth > 0 AND tenant > $1 ORDER BY tenant LIMIT 1"),
+    ("next_first", "SELECT tenant FROM tenant_queues WHERE depth > 0 ORDER BY tenant LIMIT 1"),
+    ("infeasible", "SELECT tenant, key, tokens, not_before_ms, expire_at_ms FROM queue
+        WHERE expire_at_ms <= $1 ORDER BY expire_at_ms, seq"),
+    ("deficit", "SELECT deficit FROM tenant_queues WHERE tenant = $1"),
+    ("set_deficit", "INSERT INTO tenant_queues (tenant, depth, deficit) VALUES ($1, 0, $2)
+        ON CONFLICT (tenant) DO UPDATE SET deficit = $2"),
+];
+
+/// A connection to the shared PostgreSQL authority.
+pub struct PgStore {
+    client: Client,
+    statements: HashMap<&'static str, Statement>,
+    /// A private schema to drop when the store is dropped (conformance runs).
+    scratch_schema: Option<String>,
+}
+
+impl PgStore {
+    /// Connects to `url` (`postgres://…` or key=value form) and creates or checks the schema.
+    pub fn open(url: &str) -> Result<Self, StoreError> {
+        Self::connect(url, None)
+    }
+
+    /// As [`PgStore::open`], in a fresh schema of its own that is dropped with the store:
+    /// every scenario of a conformance run starts empty, as on SQLite.
+    pub fn open_scratch(url: &str, name: &str) -> Result<Self, StoreError> {
+        Self::connect(url, Some(name.to_string()))
+    }
+
+    fn connect(url: &str, scratch: Option<String>) -> Result<Self, StoreError> {
+        let mut client = Client::connect(url, NoTls)?;
+        if let Some(schema) = &scratch {
+            client.batch_execute(&format!(
+                "DROP SCHEMA IF EXISTS \"{schema}\" CASCADE; CREATE SCHEMA \"{schema}\"; SET search_path TO \"{schema}\""
+            ))?;
+        }
+        {
+            let mut tx = client.transaction()?;
+            tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ENGINE_LOCK])?;
+            tx.batch_execute(SCHEMA)?;
+            let version: Option<String> = tx
+                .query_opt("SELECT value FROM meta WHERE name = 'schema_version'", &[])?
+                .map(|r| r.get(0));
+            match version.map(|v| v.parse::<i64>()) {
+                None => {
+                    tx.execute(
+                        "INSERT INTO meta (name, value) VALUES ('schema_version', $1)",
+                        &[&SCHEMA_VERSION.to_string()],
+                    )?;
+                }
+                Some(Ok(SCHEMA_VERSION)) => {}
+                Some(other) => {
+                    return Err(StoreError::Schema(format!(
+                        "database schema version {other:?} is not {SCHEMA_VERSION}, which this build of tollgate writes"
+                    )))
+                }
+            }
+            tx.commit()?;
+        }
+        let mut statements = HashMap::new();
+        for (name, sql) in STATEMENTS {
+            statements.insert(*name, client.prepare(sql)?);
+        }
+        Ok(PgStore {
+            client,
+            statements,
+            scratch_schema: scratch,
+        })
+    }
+}
+
+impl Drop for PgStore {
+    fn drop(&mut self) {
+        if let Some(schema) = &self.scratch_schema {
+            let _ = self
+                .client
+                .batch_execute(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"));
+        }
+    }
+}
+
+impl Store for PgStore {
+    fn transaction<T, E>(&mut self, f: impl FnOnce(&mut dyn Tx) -> Result<T, E>) -> Result<T, E>
+    where
+        E: From<StoreError>,
+    {
+        let mut tx = self.client.transaction().map_err(StoreError::from)?;
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ENGINE_LOCK])
+            .map_err(StoreError::from)?;
+        let result = f(&mut PgTx {
+            tx: &mut tx,
+            st: &self.statements,
+        })?;
+        tx.commit().map_err(StoreError::from)?;
+        Ok(result)
+    }
+
+    fn transaction_many<T>(
+        &mut self,
+        n: usize,
+        mut f: impl FnMut(usize, &mut dyn Tx) -> Result<T, StoreError>,
+    ) -> Result<Vec<Result<T, StoreError>>, StoreError> {
+        let mut tx = self.client.transaction()?;
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ENGINE_LOCK])?;
+        let mut out = Vec::with_capacity(n);
+        for i in 0..n {
+            tx.batch_execute("SAVEPOINT item")?;
+            let result = f(
+                i,
+                &mut PgTx {
+                    tx: &mut tx,
+                    st: &self.statements,
+                },
+            );
+            if result.is_ok() {
+                tx.batch_execute("RELEASE SAVEPOINT item")?;
+            } else {
+                tx.batch_execute("ROLLBACK TO SAVEPOINT item; RELEASE SAVEPOINT item")?;
+            }
+            out.push(result);
+        }
+        tx.commit()?;
+        Ok(out)
+    }
+
+    fn clock_ms(&mut self) -> Result<Option<i64>, StoreError> {
+        let row = self.client.query_one(
+            "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint",
+            &[],
+        )?;
+        Ok(Some(row.get(0)))
+    }
+}
+
+struct PgTx<'a, 'b> {
+    tx: &'a mut Transaction<'b>,
+    st: &'a HashMap<&'static str, Statement>,
+}
+
+fn job(r: &Row) -> QueuedJob {
+    QueuedJob {
+        tenant: r.get(0),
+        key: r.get(1),
+        tokens: r.get::<_, i64>(2) as u64,
+        not_before_ms: r.get(3),
+        expire_at_ms: r.get(4),
+    }
+}
+
+impl PgTx<'_, '_> {
+    fn opt(
+        &mut self,
+        name: &str,
+        params: &[&(dyn postgres::types::ToSql + Sync)],
+    ) -> Result<Option<Row>, StoreError> {
+        Ok(self.tx.query_opt(&self.st[name], params)?)
+    }
+
+    fn exec(
+        &mut self,
+        name: &str,
+        params: &[&(dyn postgres::types::ToSql + Sync)],
+    ) -> Result<u64, StoreError> {
+        Ok(self.tx.execute(&self.st[name], params)?)
+    }
+}
+
+impl Tx for PgTx<'_, '_> {
+    fn bucket(&mut self, name: &str) -> Result<Option<bucket::State>, StoreError> {
+        Ok(self.opt("bucket", &[&name])?.map(|r| bucket::State {
+            balance_micro: r.get(0),
+            updated_ms: r.get(1),
+        }))
+    }
+    fn set_bucket(&mut self, name: &str, s: bucket::State) -> Result<(), StoreError> {
+        self.exec("set_bucket", &[&name, &s.balance_micro, &s.updated_ms])
+            .map(drop)
+    }
+    fn slots_in_use(&mut self, scope: &str) -> Result<u32, StoreError> {
+        Ok(self
+            .opt("slots", &[&scope])?
+            .map_or(0, |r| r.get::<_, i64>(0) as u32))
+    }
+    fn set_slots_in_use(&mut self, scope: &str, in_use: u32) -> Result<(), StoreError> {
+        self.exec("set_slots", &[&scope, &i64::from(in_use)])
+            .map(drop)
+    }
+    fn operation(&mut self, tenant: &str, key: &str) -> Result<Option<Operation>, StoreError> {
+        match self.opt("operation", &[&tenant, &key])? {
+            Some(r) => Ok(Some(serde_json::from_str(r.get::<_, &str>(0))?)),
+            None => Ok(None),
+        }
+    }
+    fn put_operation(&mut self, op: &Operation) -> Result<(), StoreError> {
+        let record = serde_json::to_string(op)?;
+        self.exec(
+            "put_operation",
+            &[&op.tenant, &op.key, &op.state.as_str(), &op.worker, &record],
+        )
+        .map(drop)
+    }
+    fn operations(&mut self) -> Result<Vec<Operation>, StoreError> {
+        let rows = self.tx.query(&self.st["operations"], &[])?;
+        rows.iter()
+            .map(|r| Ok(serde_json::from_str(r.get::<_, &str>(0))?))
+            .collect()
+    }
+    fn unfinished_claims(&mut self, worker: &str) -> Result<u32, StoreError> {
+        Ok(self
+            .opt("unfinished", &[&worker])?
+            .map_or(0, |r| r.get::<_, i64>(0) as u32))
+    }
+    fn meta(&mut self, name: &str) -> Result<Option<String>, StoreError> {
+        Ok(self.opt("meta", &[&name])?.map(|r| r.get(0)))
+    }
+    fn set_meta(&mut self, name: &str, value: &str) -> Result<(), StoreError> {
+        self.exec("set_meta", &[&name, &value]).map(drop)
+    }
+    fn enqueue(&mut self, j: &QueuedJob) -> Result<(), StoreError> {
+        self.exec(
+            "enqueue",
+            &[
+                &j.tenant,
+                &j.key,
+                &(j.tokens as i64),
+                &j.not_before_ms,
+                &j.expire_at_ms,
+            ],
+        )?;
+        self.exec("depth_up", &[&j.tenant]).map(drop)
+    }
+    fn dequeue(&mut self, tenant: &str, key: &str) -> Result<(), StoreError> {
+        let removed = self.exec("dequeue", &[&tenant, &key])?;
+        if removed > 0 {
+            self.exec("depth_down", &[&tenant, &(removed as i64)])?;
+        }
+        Ok(())
+    }
+    fn queue_depth(&mut self, tenant: &str) -> Result<u32, StoreError> {
+        Ok(self
+            .opt("depth", &[&tenant])?
+            .map_or(0, |r| r.get::<_, i64>(0) as u32))
+    }
+    fn ready_head(&mut self, tenant: &str, now_ms: i64) -> Result<Option<QueuedJob>, StoreError> {
+        Ok(self
+            .opt("ready_head", &[&tenant, &now_ms])?
+            .map(|r| job(&r)))
+    }
+    fn next_backlogged(&mut self, after: Option<&str>) -> Result<Option<String>, StoreError> {
+        let row = match after {
+            Some(after) => self.opt("next_after", &[&after])?,
+            None => self.opt("next_first", &[])?,
+        };
+        Ok(row.map(|r| r.get(0)))
+    }
+    fn infeasible(&mut self, now_ms: i64) -> Result<Vec<QueuedJob>, StoreError> {
+        Ok(self
+            .tx
+            .query(&self.st["infeasible"], &[&now_ms])?
+            .iter()
+            .map(job)
+            .collect())
+    }
+    fn deficit(&mut self, tenant: &str) -> Result<u64, StoreError> {
+        Ok(self
+            .opt("deficit", &[&tenant])?
+            .map_or(0, |r| r.get::<_, i64>(0) as u64))
+    }
+    fn set_deficit(&mut self, tenant: &str, deficit: u64) -> Result<(), StoreError> {
+        self.exec(
+            "set_deficit",
+            &[&tenant, &(deficit.min(i64::MAX as u64) as i64)],
+        )
+        .map(drop)
+    }
+}
