@@ -1,0 +1,205 @@
+//! Many replicas, one authority: two `tollgate serve` processes on one PostgreSQL database,
+//! concurrent clients spread over both. The tenant's bucket, the concurrency limit and the
+//! operation keys hold across replicas, and workers on different replicas never claim the
+//! same job.
+//!
+//! These tests need a PostgreSQL server: `.ci/run` installs and starts one and runs them with
+//! `TOLLGATE_TEST_POSTGRES` set to a superuser URL (`cargo test --release --test replicas --
+//! --ignored`).
+
+use serde_json::{json, Value};
+use std::collections::HashSet;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const CALLER: &str = "acme-key";
+const SLOTTY: &str = "slotty-key";
+const ADMIN: &str = "admin-key";
+
+fn server_url() -> String {
+    std::env::var("TOLLGATE_TEST_POSTGRES").expect("TOLLGATE_TEST_POSTGRES names a PostgreSQL superuser URL")
+}
+
+/// A database of its own for one test, dropped at the end.
+struct Database {
+    admin_url: String,
+    name: String,
+}
+
+impl Database {
+    fn create(tag: &str) -> Database {
+        let admin_url = server_url();
+        let name = format!("tollgate_{tag}_{}", std::process::id());
+        let mut c = postgres::Client::connect(&admin_url, postgres::NoTls).unwrap();
+        c.batch_execute(&format!("DROP DATABASE IF EXISTS {name}")).unwrap();
+        c.batch_execute(&format!("CREATE DATABASE {name}")).unwrap();
+        Database { admin_url, name }
+    }
+
+    fn url(&self) -> String {
+        let (base, _) = self.admin_url.rsplit_once('/').unwrap();
+        format!("{base}/{}", self.name)
+    }
+}
+
+impl Drop for Database {
+    fn drop(&mut self) {
+        if let Ok(mut c) = postgres::Client::connect(&self.admin_url, postgres::NoTls) {
+            let _ = c.batch_execute(&format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name));
+        }
+    }
+}
+
+struct Replica {
+    child: Child,
+    base: String,
+}
+
+impl Replica {
+    fn start(dir: &Path, n: usize, db: &str) -> Replica {
+        let config = json!({
+            "auth": {"callers": {CALLER: "acme", SLOTTY: "slotty"}, "workers": ["w1", "w2"], "admins": [ADMIN]},
+            "global": {"requests": {"capacity": 100000, "refill_per_s": 0}, "concurrency": 1000},
+            "tenant_defaults": {"tokens": {"capacity": 1e9, "refill_per_s": 0}, "queue_limit": 1000},
+            "tenants": {
+                "acme": {"requests": {"capacity": 50, "refill_per_s": 0}},
+                "slotty": {"requests": {"capacity": 1000, "refill_per_s": 0}, "concurrency": 3}
+            },
+            "scheduler": {"max_claims_per_worker": 1000}
+        });
+        let path = dir.join(format!("replica-{n}.json"));
+        std::fs::write(&path, config.to_string()).unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+            .args(["serve", "--config", path.to_str().unwrap(), "--db", db, "--listen", &format!("127.0.0.1:{port}")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let base = format!("http://127.0.0.1:{port}");
+        let started = Instant::now();
+        while ureq::get(&format!("{base}/healthz")).call().is_err() {
+            assert!(started.elapsed() < Duration::from_secs(30), "replica {n} did not start");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Replica { child, base }
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn post(base: &str, path: &str, key: &str, body: &Value) -> (u16, Value) {
+    let r = ureq::post(&format!("{base}{path}")).set("Authorization", &format!("Bearer {key}")).send_string(&body.to_string());
+    let r = match r {
+        Ok(r) => r,
+        Err(ureq::Error::Status(_, r)) => r,
+        Err(e) => panic!("{path}: {e}"),
+    };
+    let status = r.status();
+    (status, serde_json::from_str(&r.into_string().unwrap()).unwrap())
+}
+
+fn admit(base: &str, key: &str, op: &str, route: &str) -> (u16, Value) {
+    let deadline = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64 + 600_000;
+    let body = json!({"key": op, "route": route, "input_tokens": 10, "max_output_tokens": 10, "deadline_ms": deadline});
+    post(base, "/v1/admit", key, &body)
+}
+
+#[test]
+#[ignore = "needs PostgreSQL: .ci/run starts one and runs this with --ignored"]
+fn budgets_slots_and_keys_hold_across_replicas() {
+    let db = Database::create("budgets");
+    let dir = tempfile::tempdir().unwrap();
+    let replicas = [Replica::start(dir.path(), 1, &db.url()), Replica::start(dir.path(), 2, &db.url())];
+    let bases: Vec<String> = replicas.iter().map(|r| r.base.clone()).collect();
+
+    // 8 clients over both replicas: unique keys (completed at once) and shared keys.
+    let clients: Vec<_> = (0..8)
+        .map(|c| {
+            let bases = bases.clone();
+            std::thread::spawn(move || {
+                let mut accepted = Vec::new();
+                for i in 0..20 {
+                    let base = &bases[(c + i) % 2];
+                    for op in [format!("c{c}-{i}"), format!("shared-{i}")] {
+                        let (status, body) = admit(base, CALLER, &op, "interactive");
+                        if body["outcome"] == "accepted" {
+                            accepted.push(op.clone());
+                            let done = json!({"result": "succeeded"});
+                            assert_eq!(post(base, &format!("/v1/operations/{op}/complete"), CALLER, &done).0, 200);
+                        } else {
+                            assert!(matches!(status, 200 | 409 | 429), "{status} {body}");
+                        }
+                    }
+                }
+                accepted
+            })
+        })
+        .collect();
+    let accepted: Vec<String> = clients.into_iter().flat_map(|c| c.join().unwrap()).collect();
+    let unique: HashSet<&String> = accepted.iter().collect();
+    assert_eq!(unique.len(), accepted.len(), "an operation key was accepted twice");
+    assert_eq!(accepted.len(), 50, "exactly the tenant's bucket was admitted, across both replicas");
+
+    // Concurrency: a tenant limit of 3 holds across replicas.
+    let slot_clients: Vec<_> = (0..6)
+        .map(|c| {
+            let base = bases[c % 2].clone();
+            std::thread::spawn(move || {
+                (0..10).filter(|i| admit(&base, SLOTTY, &format!("s{c}-{i}"), "interactive").0 == 200).count()
+            })
+        })
+        .collect();
+    let held: usize = slot_clients.into_iter().map(|c| c.join().unwrap()).sum();
+    assert_eq!(held, 3);
+    let view = ureq::get(&format!("{}/v1/admin/inspect", bases[0]))
+        .set("Authorization", &format!("Bearer {ADMIN}"))
+        .call()
+        .unwrap()
+        .into_string()
+        .unwrap();
+    let view: Value = serde_json::from_str(&view).unwrap();
+    assert_eq!(view["slots"]["tenant.slotty"], 3);
+    assert_eq!(view["buckets"]["tenant.acme.requests"], 0);
+}
+
+#[test]
+#[ignore = "needs PostgreSQL: .ci/run starts one and runs this with --ignored"]
+fn workers_on_different_replicas_never_claim_the_same_job() {
+    let db = Database::create("dispatch");
+    let dir = tempfile::tempdir().unwrap();
+    let replicas = [Replica::start(dir.path(), 1, &db.url()), Replica::start(dir.path(), 2, &db.url())];
+    for i in 0..40 {
+        let (status, _) = admit(&replicas[i % 2].base, SLOTTY, &format!("job-{i}"), "durable");
+        assert_eq!(status, 202);
+    }
+    let workers: Vec<_> = [("w1", replicas[0].base.clone()), ("w2", replicas[1].base.clone())]
+        .into_iter()
+        .map(|(w, base)| {
+            std::thread::spawn(move || {
+                let mut claimed = Vec::new();
+                for _ in 0..40 {
+                    let (status, body) = post(&base, "/v1/dispatch", w, &json!({"count": 1}));
+                    assert_eq!(status, 200);
+                    for c in body["claimed"].as_array().unwrap() {
+                        let key = c["key"].as_str().unwrap().to_string();
+                        let done = json!({"tenant": "slotty", "result": "succeeded"});
+                        assert_eq!(post(&base, &format!("/v1/operations/{key}/complete"), w, &done).0, 200);
+                        claimed.push(key);
+                    }
+                }
+                claimed
+            })
+        })
+        .collect();
+    let claimed: Vec<String> = workers.into_iter().flat_map(|w| w.join().unwrap()).collect();
+    let unique: HashSet<&String> = claimed.iter().collect();
+    assert_eq!(unique.len(), claimed.len(), "a job was claimed twice");
+    assert_eq!(claimed.len(), 40, "every job was claimed once");
+}
