@@ -18,7 +18,8 @@ const SLOTTY: &str = "slotty-key";
 const ADMIN: &str = "admin-key";
 
 fn server_url() -> String {
-    std::env::var("TOLLGATE_TEST_POSTGRES").expect("TOLLGATE_TEST_POSTGRES names a PostgreSQL superuser URL")
+    std::env::var("TOLLGATE_TEST_POSTGRES")
+        .expect("TOLLGATE_TEST_POSTGRES names a PostgreSQL superuser URL")
 }
 
 /// A database of its own for one test, dropped at the end.
@@ -32,7 +33,8 @@ impl Database {
         let admin_url = server_url();
         let name = format!("tollgate_{tag}_{}", std::process::id());
         let mut c = postgres::Client::connect(&admin_url, postgres::NoTls).unwrap();
-        c.batch_execute(&format!("DROP DATABASE IF EXISTS {name}")).unwrap();
+        c.batch_execute(&format!("DROP DATABASE IF EXISTS {name}"))
+            .unwrap();
         c.batch_execute(&format!("CREATE DATABASE {name}")).unwrap();
         Database { admin_url, name }
     }
@@ -46,7 +48,10 @@ impl Database {
 impl Drop for Database {
     fn drop(&mut self) {
         if let Ok(mut c) = postgres::Client::connect(&self.admin_url, postgres::NoTls) {
-            let _ = c.batch_execute(&format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name));
+            let _ = c.batch_execute(&format!(
+                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+                self.name
+            ));
         }
     }
 }
@@ -70,9 +75,21 @@ impl Replica {
         });
         let path = dir.join(format!("replica-{n}.json"));
         std::fs::write(&path, config.to_string()).unwrap();
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
         let child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
-            .args(["serve", "--config", path.to_str().unwrap(), "--db", db, "--listen", &format!("127.0.0.1:{port}")])
+            .args([
+                "serve",
+                "--config",
+                path.to_str().unwrap(),
+                "--db",
+                db,
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+            ])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -80,7 +97,10 @@ impl Replica {
         let base = format!("http://127.0.0.1:{port}");
         let started = Instant::now();
         while ureq::get(&format!("{base}/healthz")).call().is_err() {
-            assert!(started.elapsed() < Duration::from_secs(30), "replica {n} did not start");
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "replica {n} did not start"
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
         Replica { child, base }
@@ -95,18 +115,27 @@ impl Drop for Replica {
 }
 
 fn post(base: &str, path: &str, key: &str, body: &Value) -> (u16, Value) {
-    let r = ureq::post(&format!("{base}{path}")).set("Authorization", &format!("Bearer {key}")).send_string(&body.to_string());
+    let r = ureq::post(&format!("{base}{path}"))
+        .set("Authorization", &format!("Bearer {key}"))
+        .send_string(&body.to_string());
     let r = match r {
         Ok(r) => r,
         Err(ureq::Error::Status(_, r)) => r,
         Err(e) => panic!("{path}: {e}"),
     };
     let status = r.status();
-    (status, serde_json::from_str(&r.into_string().unwrap()).unwrap())
+    (
+        status,
+        serde_json::from_str(&r.into_string().unwrap()).unwrap(),
+    )
 }
 
 fn admit(base: &str, key: &str, op: &str, route: &str) -> (u16, Value) {
-    let deadline = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64 + 600_000;
+    let deadline = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+        + 600_000;
     let body = json!({"key": op, "route": route, "input_tokens": 10, "max_output_tokens": 10, "deadline_ms": deadline});
     post(base, "/v1/admit", key, &body)
 }
@@ -116,7 +145,10 @@ fn admit(base: &str, key: &str, op: &str, route: &str) -> (u16, Value) {
 fn budgets_slots_and_keys_hold_across_replicas() {
     let db = Database::create("budgets");
     let dir = tempfile::tempdir().unwrap();
-    let replicas = [Replica::start(dir.path(), 1, &db.url()), Replica::start(dir.path(), 2, &db.url())];
+    let replicas = [
+        Replica::start(dir.path(), 1, &db.url()),
+        Replica::start(dir.path(), 2, &db.url()),
+    ];
     let bases: Vec<String> = replicas.iter().map(|r| r.base.clone()).collect();
 
     // 8 clients over both replicas: unique keys (completed at once) and shared keys.
@@ -132,7 +164,16 @@ fn budgets_slots_and_keys_hold_across_replicas() {
                         if body["outcome"] == "accepted" {
                             accepted.push(op.clone());
                             let done = json!({"result": "succeeded"});
-                            assert_eq!(post(base, &format!("/v1/operations/{op}/complete"), CALLER, &done).0, 200);
+                            assert_eq!(
+                                post(
+                                    base,
+                                    &format!("/v1/operations/{op}/complete"),
+                                    CALLER,
+                                    &done
+                                )
+                                .0,
+                                200
+                            );
                         } else {
                             assert!(matches!(status, 200 | 409 | 429), "{status} {body}");
                         }
@@ -142,17 +183,30 @@ fn budgets_slots_and_keys_hold_across_replicas() {
             })
         })
         .collect();
-    let accepted: Vec<String> = clients.into_iter().flat_map(|c| c.join().unwrap()).collect();
+    let accepted: Vec<String> = clients
+        .into_iter()
+        .flat_map(|c| c.join().unwrap())
+        .collect();
     let unique: HashSet<&String> = accepted.iter().collect();
-    assert_eq!(unique.len(), accepted.len(), "an operation key was accepted twice");
-    assert_eq!(accepted.len(), 50, "exactly the tenant's bucket was admitted, across both replicas");
+    assert_eq!(
+        unique.len(),
+        accepted.len(),
+        "an operation key was accepted twice"
+    );
+    assert_eq!(
+        accepted.len(),
+        50,
+        "exactly the tenant's bucket was admitted, across both replicas"
+    );
 
     // Concurrency: a tenant limit of 3 holds across replicas.
     let slot_clients: Vec<_> = (0..6)
         .map(|c| {
             let base = bases[c % 2].clone();
             std::thread::spawn(move || {
-                (0..10).filter(|i| admit(&base, SLOTTY, &format!("s{c}-{i}"), "interactive").0 == 200).count()
+                (0..10)
+                    .filter(|i| admit(&base, SLOTTY, &format!("s{c}-{i}"), "interactive").0 == 200)
+                    .count()
             })
         })
         .collect();
@@ -174,31 +228,48 @@ fn budgets_slots_and_keys_hold_across_replicas() {
 fn workers_on_different_replicas_never_claim_the_same_job() {
     let db = Database::create("dispatch");
     let dir = tempfile::tempdir().unwrap();
-    let replicas = [Replica::start(dir.path(), 1, &db.url()), Replica::start(dir.path(), 2, &db.url())];
+    let replicas = [
+        Replica::start(dir.path(), 1, &db.url()),
+        Replica::start(dir.path(), 2, &db.url()),
+    ];
     for i in 0..40 {
-        let (status, _) = admit(&replicas[i % 2].base, SLOTTY, &format!("job-{i}"), "durable");
+        let (status, _) = admit(
+            &replicas[i % 2].base,
+            SLOTTY,
+            &format!("job-{i}"),
+            "durable",
+        );
         assert_eq!(status, 202);
     }
-    let workers: Vec<_> = [("w1", replicas[0].base.clone()), ("w2", replicas[1].base.clone())]
-        .into_iter()
-        .map(|(w, base)| {
-            std::thread::spawn(move || {
-                let mut claimed = Vec::new();
-                for _ in 0..40 {
-                    let (status, body) = post(&base, "/v1/dispatch", w, &json!({"count": 1}));
-                    assert_eq!(status, 200);
-                    for c in body["claimed"].as_array().unwrap() {
-                        let key = c["key"].as_str().unwrap().to_string();
-                        let done = json!({"tenant": "slotty", "result": "succeeded"});
-                        assert_eq!(post(&base, &format!("/v1/operations/{key}/complete"), w, &done).0, 200);
-                        claimed.push(key);
-                    }
+    let workers: Vec<_> = [
+        ("w1", replicas[0].base.clone()),
+        ("w2", replicas[1].base.clone()),
+    ]
+    .into_iter()
+    .map(|(w, base)| {
+        std::thread::spawn(move || {
+            let mut claimed = Vec::new();
+            for _ in 0..40 {
+                let (status, body) = post(&base, "/v1/dispatch", w, &json!({"count": 1}));
+                assert_eq!(status, 200);
+                for c in body["claimed"].as_array().unwrap() {
+                    let key = c["key"].as_str().unwrap().to_string();
+                    let done = json!({"tenant": "slotty", "result": "succeeded"});
+                    assert_eq!(
+                        post(&base, &format!("/v1/operations/{key}/complete"), w, &done).0,
+                        200
+                    );
+                    claimed.push(key);
                 }
-                claimed
-            })
+            }
+            claimed
         })
+    })
+    .collect();
+    let claimed: Vec<String> = workers
+        .into_iter()
+        .flat_map(|w| w.join().unwrap())
         .collect();
-    let claimed: Vec<String> = workers.into_iter().flat_map(|w| w.join().unwrap()).collect();
     let unique: HashSet<&String> = claimed.iter().collect();
     assert_eq!(unique.len(), claimed.len(), "a job was claimed twice");
     assert_eq!(claimed.len(), 40, "every job was claimed once");
