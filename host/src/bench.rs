@@ -283,6 +283,19 @@ pub fn http(
     connections: usize,
     requests: u64,
 ) -> Result<HttpFigures, String> {
+    http_on(dir, tenants, connections, requests, None, 1)
+}
+
+/// As [`http`], on `db` (a `postgres://` URL, in a scratch schema) with `replicas` servers
+/// sharing it, the connections spread over them; `None` is a SQLite file (one replica).
+pub fn http_on(
+    dir: &Path,
+    tenants: u32,
+    connections: usize,
+    requests: u64,
+    db: Option<&str>,
+    replicas: usize,
+) -> Result<HttpFigures, String> {
     use crate::service::{self, ServeConfig};
     use http_body_util::{BodyExt, Full};
     use hyper::body::Bytes;
@@ -296,29 +309,53 @@ pub fn http(
     }
     config["auth"] = serde_json::json!({"callers": callers});
     let config = ServeConfig::from_json(&config)?;
-    let path = dir.join("http.db");
-    for suffix in ["", "-wal", "-shm"] {
-        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    let schema = format!("tollgate_bench_{}", std::process::id());
+    let mut servers = Vec::new();
+    for r in 0..replicas.max(1) {
+        let store = match db {
+            Some(url) if r == 0 => crate::store::AnyStore::Postgres(Box::new(
+                crate::store::PgStore::open_scratch(url, &schema).map_err(|e| e.to_string())?,
+            )),
+            Some(url) => crate::store::AnyStore::Postgres(Box::new(
+                crate::store::PgStore::open_in_schema(url, &schema).map_err(|e| e.to_string())?,
+            )),
+            None => {
+                let path = dir.join("http.db");
+                for suffix in ["", "-wal", "-shm"] {
+                    let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+                }
+                crate::store::AnyStore::Sqlite(SqliteStore::open(&path).map_err(|e| e.to_string())?)
+            }
+        };
+        servers.push(service::build(config.clone(), store)?);
+        if db.is_none() {
+            break;
+        }
     }
-    let store = SqliteStore::open(&path).map_err(|e| e.to_string())?;
-    let (state, writer) = service::build(config, crate::store::AnyStore::Sqlite(store))?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .map_err(|e| e.to_string())?;
     rt.block_on(async move {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.map_err(|e| e.to_string())?;
-        let addr = listener.local_addr().map_err(|e| e.to_string())?;
-        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let server = tokio::spawn(service::serve(listener, state, writer, async move {
-            let _ = stop_rx.await;
-        }));
+        let mut addrs = Vec::new();
+        let mut stops = Vec::new();
+        let mut handles = Vec::new();
+        for (state, writer) in servers {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.map_err(|e| e.to_string())?;
+            addrs.push(listener.local_addr().map_err(|e| e.to_string())?);
+            let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+            stops.push(stop_tx);
+            handles.push(tokio::spawn(service::serve(listener, state, writer, async move {
+                let _ = stop_rx.await;
+            })));
+        }
         let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
         let per_connection = requests.div_ceil(connections as u64);
         let started = Instant::now();
         let mut tasks = Vec::new();
         for c in 0..connections {
             let client = client.clone();
+            let addr = addrs[c % addrs.len()];
             tasks.push(tokio::spawn(async move {
                 let mut latencies = Vec::with_capacity(per_connection as usize);
                 let mut errors = 0u64;
@@ -358,9 +395,13 @@ pub fn http(
             errors += e;
         }
         let secs = started.elapsed().as_secs_f64();
-        let _ = stop_tx.send(());
+        for stop in stops {
+            let _ = stop.send(());
+        }
         drop(client);
-        let _ = server.await;
+        for h in handles {
+            let _ = h.await;
+        }
         latencies.sort_by(|a, b| a.total_cmp(b));
         let pct = |p: f64| latencies[((latencies.len() as f64 - 1.0) * p).round() as usize];
         Ok(HttpFigures {

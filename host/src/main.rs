@@ -129,6 +129,12 @@ enum BenchCommand {
         connections: usize,
         #[arg(long, default_value_t = 100_000)]
         requests: u64,
+        /// A `postgres://` URL: replicas share it (in a scratch schema); default a SQLite file.
+        #[arg(long)]
+        db: Option<String>,
+        /// Servers sharing the PostgreSQL store, the connections spread over them.
+        #[arg(long, default_value_t = 1)]
+        replicas: usize,
         /// Print one JSON line at the end.
         #[arg(long)]
         json: bool,
@@ -286,12 +292,26 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
                     tenants,
                     connections,
                     requests,
+                    db,
+                    replicas,
                     json,
                 }),
             ..
         } => {
             let dir = tempfile_dir()?;
-            let f = tollgate::bench::http(&dir, tenants, connections, requests)?;
+            let f = tollgate::bench::http_on(
+                &dir,
+                tenants,
+                connections,
+                requests,
+                db.as_deref(),
+                replicas,
+            )?;
+            println!(
+                "store: {}, replicas: {}",
+                db.as_deref().map_or("sqlite file", |_| "postgres"),
+                replicas.max(1)
+            );
             let _ = std::fs::remove_dir_all(&dir);
             println!(
                 "{} admissions over {} connections: {:.0}/s, p50 {:.2} ms, p99 {:.2} ms, {} errors",

@@ -84,15 +84,26 @@ impl PgStore {
     /// As [`PgStore::open`], in a fresh schema of its own that is dropped with the store:
     /// every scenario of a conformance run starts empty, as on SQLite.
     pub fn open_scratch(url: &str, name: &str) -> Result<Self, StoreError> {
-        Self::connect(url, Some(name.to_string()))
+        Self::connect(url, Some((name.to_string(), true)))
     }
 
-    fn connect(url: &str, scratch: Option<String>) -> Result<Self, StoreError> {
+    /// Another connection to a scratch schema made by [`PgStore::open_scratch`] (a second
+    /// replica in a benchmark); it does not drop the schema.
+    pub fn open_in_schema(url: &str, name: &str) -> Result<Self, StoreError> {
+        Self::connect(url, Some((name.to_string(), false)))
+    }
+
+    fn connect(url: &str, schema: Option<(String, bool)>) -> Result<Self, StoreError> {
         let mut client = Client::connect(url, NoTls)?;
-        if let Some(schema) = &scratch {
-            client.batch_execute(&format!(
-                "DROP SCHEMA IF EXISTS \"{schema}\" CASCADE; CREATE SCHEMA \"{schema}\"; SET search_path TO \"{schema}\""
-            ))?;
+        let mut scratch = None;
+        if let Some((schema, fresh)) = schema {
+            if fresh {
+                client.batch_execute(&format!(
+                    "DROP SCHEMA IF EXISTS \"{schema}\" CASCADE; CREATE SCHEMA \"{schema}\""
+                ))?;
+                scratch = Some(schema.clone());
+            }
+            client.batch_execute(&format!("SET search_path TO \"{schema}\""))?;
         }
         {
             let mut tx = client.transaction()?;
