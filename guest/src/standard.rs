@@ -6,10 +6,22 @@
 //! sandbox against the very same rules.
 
 use super::{
-    host, param_or, reservation, Admission, BucketKind, Failure, FailureReport, GiveUpReason, Plan,
-    Request, RetryDecision, Route, SlotScope,
+    host, Admission, BucketKind, Failure, FailureReport, GiveUpReason, Plan, Request,
+    RetryDecision, Route, SlotScope,
 };
 use alloc::string::String;
+
+/// A policy parameter as a number, or `default` when the configuration does not set it.
+pub fn param_or(name: &str, default: f64) -> f64 {
+    host::param(name).unwrap_or(default)
+}
+
+/// The tokens a request reserves: input, optional context and the output cap.
+pub fn reservation(input: u64, optional_context: u64, max_output: u64) -> u64 {
+    input
+        .saturating_add(optional_context)
+        .saturating_add(max_output)
+}
 
 /// The parameters the standard rules read, with the defaults of SPEC.md section 9.
 #[derive(Clone, Copy, Debug)]
