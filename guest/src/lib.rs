@@ -60,14 +60,4 @@ pub use bindings::tollgate::policy::types::{
     Refusal, RefusalReason, Request, RetryDecision, Route, SlotLevel, SlotScope,
 };
 
-/// A policy parameter as a number, or `default` when the configuration does not set it.
-pub fn param_or(name: &str, default: f64) -> f64 {
-    host::param(name).unwrap_or(default)
-}
-
-/// The tokens a request reserves: input, optional context and the output cap.
-pub fn reservation(input: u64, optional_context: u64, max_output: u64) -> u64 {
-    input
-        .saturating_add(optional_context)
-        .saturating_add(max_output)
-}
+pub use standard::{param_or, reservation};

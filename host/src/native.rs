@@ -61,18 +61,6 @@ pub mod host {
     }
 }
 
-/// As the guest SDK's helper of the same name.
-pub fn param_or(name: &str, default: f64) -> f64 {
-    host::param(name).unwrap_or(default)
-}
-
-/// As the guest SDK's helper of the same name.
-pub fn reservation(input: u64, optional_context: u64, max_output: u64) -> u64 {
-    input
-        .saturating_add(optional_context)
-        .saturating_add(max_output)
-}
-
 #[path = "../../guest/src/standard.rs"]
 #[allow(dead_code, clippy::all)]
 pub mod standard;
