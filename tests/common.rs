@@ -28,3 +28,32 @@ pub fn request(tenant: &str, key: &str, route: &str, tokens: u64, deadline_ms: i
     json!({"tenant": tenant, "key": key, "route": route, "input_tokens": tokens,
            "max_output_tokens": tokens, "deadline_ms": deadline_ms})
 }
+
+/// Starts `tollgate serve` with `args` on a free loopback port and waits until it answers
+/// `/healthz`; returns the process and its base URL.
+pub fn spawn_serve(args: &[&str]) -> (std::process::Child, String) {
+    use std::time::{Duration, Instant};
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .arg("serve")
+        .args(args)
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let base = format!("http://127.0.0.1:{port}");
+    let started = Instant::now();
+    while ureq::get(&format!("{base}/healthz")).call().is_err() {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "tollgate serve {args:?} did not start"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    (child, base)
+}

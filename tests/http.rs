@@ -1,11 +1,13 @@
 //! The HTTP service, tested as a client sees it: a real `tollgate serve` process on a
 //! loopback port, a real HTTP client, real time.
 
+mod common;
+
 use serde_json::{json, Value};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 const CALLER: &str = "acme-key";
@@ -26,29 +28,14 @@ impl Server {
     fn start_with(dir: &Path, config: &Value, extra: &[&str]) -> Server {
         let config_path = dir.join("config.json");
         std::fs::write(&config_path, config.to_string()).unwrap();
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
-            .args(["serve", "--config", config_path.to_str().unwrap(), "--db"])
-            .arg(dir.join("state.db"))
-            .args(["--listen", &format!("127.0.0.1:{port}")])
-            .args(extra)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let base = format!("http://127.0.0.1:{port}");
-        let started = Instant::now();
-        while ureq::get(&format!("{base}/healthz")).call().is_err() {
-            assert!(
-                started.elapsed() < Duration::from_secs(20),
-                "server did not start"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let (child, base) = common::spawn_serve(
+            &[
+                ["--config", config_path.to_str().unwrap(), "--db"].as_slice(),
+                &[dir.join("state.db").to_str().unwrap()],
+                extra,
+            ]
+            .concat(),
+        );
         Server { child, base }
     }
 

@@ -7,11 +7,12 @@
 //! `TOLLGATE_TEST_POSTGRES` set to a superuser URL (`cargo test --release --test replicas --
 //! --ignored`).
 
+mod common;
+
 use serde_json::{json, Value};
 use std::collections::HashSet;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Child;
 
 const CALLER: &str = "acme-key";
 const SLOTTY: &str = "slotty-key";
@@ -75,34 +76,7 @@ impl Replica {
         });
         let path = dir.join(format!("replica-{n}.json"));
         std::fs::write(&path, config.to_string()).unwrap();
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
-            .args([
-                "serve",
-                "--config",
-                path.to_str().unwrap(),
-                "--db",
-                db,
-                "--listen",
-                &format!("127.0.0.1:{port}"),
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let base = format!("http://127.0.0.1:{port}");
-        let started = Instant::now();
-        while ureq::get(&format!("{base}/healthz")).call().is_err() {
-            assert!(
-                started.elapsed() < Duration::from_secs(30),
-                "replica {n} did not start"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let (child, base) = common::spawn_serve(&["--config", path.to_str().unwrap(), "--db", db]);
         Replica { child, base }
     }
 }
