@@ -51,8 +51,6 @@ fn fill(store: &mut SqliteStore, tenants: u32, jobs: u64) -> Result<(), StoreErr
                 attempt: 1,
                 deadline_ms: i64::MAX,
                 input_tokens: 10,
-                requested_max_output_tokens: 10,
-                requested_optional_context_tokens: 0,
                 max_output_tokens: 10,
                 optional_context_tokens: 0,
                 reserved_tokens: 20,
@@ -68,7 +66,6 @@ fn fill(store: &mut SqliteStore, tenants: u32, jobs: u64) -> Result<(), StoreErr
                 last_result: None,
                 last_retry: None,
                 policy_digest: String::new(),
-                busy_retry_after_ms: None,
             };
             tx.put_operation(&op)?;
             tx.enqueue(&QueuedJob {

@@ -114,8 +114,6 @@ pub struct Operation {
     /// The deadline stored at first admission; it wins for the operation's whole life.
     pub deadline_ms: i64,
     pub input_tokens: u64,
-    pub requested_max_output_tokens: u64,
-    pub requested_optional_context_tokens: u64,
     /// The plan: what is (or will be) reserved.
     pub max_output_tokens: u64,
     pub optional_context_tokens: u64,
@@ -137,7 +135,6 @@ pub struct Operation {
     pub last_retry: Option<RetryVerdict>,
     /// Content hash of the policy that made the latest decision.
     pub policy_digest: String,
-    pub busy_retry_after_ms: Option<u64>,
 }
 
 /// A `{tenant, key}` pair in dispatch answers.

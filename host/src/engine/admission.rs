@@ -254,8 +254,6 @@ impl<S: Store> Engine<S> {
             attempt,
             deadline_ms,
             input_tokens: req.input_tokens,
-            requested_max_output_tokens: req.max_output_tokens,
-            requested_optional_context_tokens: req.optional_context_tokens,
             max_output_tokens: max_output,
             optional_context_tokens: optional_context,
             reserved_tokens: reserved,
@@ -271,7 +269,6 @@ impl<S: Store> Engine<S> {
             last_result: None,
             last_retry: None,
             policy_digest: digest.clone(),
-            busy_retry_after_ms: plan.busy_retry_after_ms,
         };
         if req.route == Route::Durable {
             tx.enqueue(&QueuedJob {
