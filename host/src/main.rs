@@ -417,16 +417,11 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             let engine = open_engine(runtime, &args)?;
             let bytes = scenario::resolve_policy(&policy, None)?;
             let checked = engine
-                .check_candidate(&bytes)
-                .map_err(|e| e.to_string())
-                .and_then(|p| {
-                    if verify_with.is_empty() {
-                        return Ok(p);
-                    }
-                    let n = scenario::verify(engine.runtime(), p.clone(), &verify_with)?;
-                    println!("verified against {n} scenario files");
-                    Ok(p)
-                });
+                .check_verified(&bytes, &verify_with)
+                .map_err(|e| e.to_string());
+            if checked.is_ok() && !verify_with.is_empty() {
+                println!("verified against the scenarios in {verify_with:?}");
+            }
             match checked {
                 Ok(p) => {
                     println!(

@@ -89,12 +89,22 @@ impl<S: Store> Engine<S> {
         bytes: &[u8],
         scenarios: &[std::path::PathBuf],
     ) -> Result<PolicyIdentity, SwapError> {
+        let candidate = self.check_verified(bytes, scenarios)?;
+        Ok(self.activate(candidate))
+    }
+
+    /// Every check of [`Engine::swap_policy_verified`], without activating the candidate.
+    pub fn check_verified(
+        &self,
+        bytes: &[u8],
+        scenarios: &[std::path::PathBuf],
+    ) -> Result<Arc<dyn Decider>, SwapError> {
         let candidate = self.check_candidate(bytes)?;
         if !scenarios.is_empty() {
             crate::scenario::verify(&self.runtime, candidate.clone(), scenarios)
                 .map_err(SwapError::Verify)?;
         }
-        Ok(self.activate(candidate))
+        Ok(candidate)
     }
 
     /// The runtime policies are loaded with.

@@ -611,9 +611,10 @@ pub fn build_with(
         .load(&bytes, config.engine.max_policy_bytes)
         .map_err(|e| e.to_string())?;
     let engine = Arc::new(Engine::new(config.engine, store, runtime, Arc::new(policy)));
-    // The configured policy must pass the same checks as a swapped-in one.
+    // The configured policy must pass the same checks as a swapped-in one; it is already
+    // active, so nothing is switched (and there is nothing to roll back to yet).
     engine
-        .swap_policy_verified(&bytes, &verify_with)
+        .check_verified(&bytes, &verify_with)
         .map_err(|e| format!("policy {}: {e}", config.policy))?;
     let (writer, handle) = Writer::start(engine.clone());
     let state = Arc::new(AppState {
