@@ -7,6 +7,7 @@
 
 mod cached;
 pub mod postgres;
+mod schema;
 pub mod sqlite;
 
 pub use cached::Cached;

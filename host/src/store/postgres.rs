@@ -4,37 +4,14 @@
 //! serialization failure to retry, nothing a caller could see as a wrong answer). The
 //! database's clock is the one clock for refill and deadlines.
 
-use super::{QueuedJob, Store, StoreError, Tx};
+use super::{schema, QueuedJob, Store, StoreError, Tx};
 use crate::bucket;
 use crate::model::Operation;
 use postgres::{Client, NoTls, Row, Statement, Transaction};
 use std::collections::HashMap;
 
-/// The schema version this host writes; a newer one is refused.
-const SCHEMA_VERSION: i64 = 1;
 /// The advisory lock every engine transaction takes first.
 const ENGINE_LOCK: i64 = 0x746f_6c6c_6761_7465; // "tollgate"
-
-const SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS buckets (
-    name TEXT PRIMARY KEY, balance_micro BIGINT NOT NULL, updated_ms BIGINT NOT NULL);
-CREATE TABLE IF NOT EXISTS slots (scope TEXT PRIMARY KEY, in_use BIGINT NOT NULL);
-CREATE TABLE IF NOT EXISTS operations (
-    tenant TEXT NOT NULL, key TEXT NOT NULL, state TEXT NOT NULL, worker TEXT,
-    record TEXT NOT NULL, PRIMARY KEY (tenant, key));
-CREATE INDEX IF NOT EXISTS operations_by_worker ON operations (worker, state)
-    WHERE worker IS NOT NULL;
-CREATE TABLE IF NOT EXISTS queue (
-    seq BIGSERIAL PRIMARY KEY, tenant TEXT NOT NULL, key TEXT NOT NULL,
-    tokens BIGINT NOT NULL, not_before_ms BIGINT NOT NULL, expire_at_ms BIGINT NOT NULL);
-CREATE UNIQUE INDEX IF NOT EXISTS queue_by_tenant ON queue (tenant, seq);
-CREATE UNIQUE INDEX IF NOT EXISTS queue_by_key ON queue (tenant, key);
-CREATE INDEX IF NOT EXISTS queue_by_expiry ON queue (expire_at_ms);
-CREATE TABLE IF NOT EXISTS tenant_queues (
-    tenant TEXT PRIMARY KEY, depth BIGINT NOT NULL, deficit BIGINT NOT NULL);
-CREATE INDEX IF NOT EXISTS tenant_queues_backlogged ON tenant_queues (tenant) WHERE depth > 0;
-";
 
 const STATEMENTS: &[(&str, &str)] = &[
     ("bucket", "SELECT balance_micro, updated_ms FROM buckets WHERE name = $1"),
@@ -108,23 +85,15 @@ impl PgStore {
         {
             let mut tx = client.transaction()?;
             tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ENGINE_LOCK])?;
-            tx.batch_execute(SCHEMA)?;
-            let version: Option<String> = tx
+            tx.batch_execute(&schema::tables("BIGSERIAL PRIMARY KEY"))?;
+            let found = tx
                 .query_opt("SELECT value FROM meta WHERE name = 'schema_version'", &[])?
                 .map(|r| r.get(0));
-            match version.map(|v| v.parse::<i64>()) {
-                None => {
-                    tx.execute(
-                        "INSERT INTO meta (name, value) VALUES ('schema_version', $1)",
-                        &[&SCHEMA_VERSION.to_string()],
-                    )?;
-                }
-                Some(Ok(SCHEMA_VERSION)) => {}
-                Some(other) => {
-                    return Err(StoreError::Schema(format!(
-                        "database schema version {other:?} is not {SCHEMA_VERSION}, which this build of tollgate writes"
-                    )))
-                }
+            if schema::check_version(found)? {
+                tx.execute(
+                    "INSERT INTO meta (name, value) VALUES ('schema_version', $1)",
+                    &[&schema::VERSION.to_string()],
+                )?;
             }
             tx.commit()?;
         }

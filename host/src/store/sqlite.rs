@@ -1,35 +1,11 @@
 //! The embedded SQLite store: one file in WAL mode (or memory), every transaction
 //! `BEGIN IMMEDIATE`, the schema created and versioned by the host.
 
-use super::{QueuedJob, Store, StoreError, Tx};
+use super::{schema, QueuedJob, Store, StoreError, Tx};
 use crate::bucket;
 use crate::model::Operation;
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 use std::path::Path;
-
-/// The schema version this host writes; a newer one on disk is refused.
-const SCHEMA_VERSION: i64 = 1;
-
-const SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS buckets (
-    name TEXT PRIMARY KEY, balance_micro INTEGER NOT NULL, updated_ms INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS slots (scope TEXT PRIMARY KEY, in_use INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS operations (
-    tenant TEXT NOT NULL, key TEXT NOT NULL, state TEXT NOT NULL, worker TEXT,
-    record TEXT NOT NULL, PRIMARY KEY (tenant, key));
-CREATE INDEX IF NOT EXISTS operations_by_worker ON operations (worker, state)
-    WHERE worker IS NOT NULL;
-CREATE TABLE IF NOT EXISTS queue (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT, tenant TEXT NOT NULL, key TEXT NOT NULL,
-    tokens INTEGER NOT NULL, not_before_ms INTEGER NOT NULL, expire_at_ms INTEGER NOT NULL);
-CREATE UNIQUE INDEX IF NOT EXISTS queue_by_tenant ON queue (tenant, seq);
-CREATE UNIQUE INDEX IF NOT EXISTS queue_by_key ON queue (tenant, key);
-CREATE INDEX IF NOT EXISTS queue_by_expiry ON queue (expire_at_ms);
-CREATE TABLE IF NOT EXISTS tenant_queues (
-    tenant TEXT PRIMARY KEY, depth INTEGER NOT NULL, deficit INTEGER NOT NULL);
-CREATE INDEX IF NOT EXISTS tenant_queues_backlogged ON tenant_queues (tenant) WHERE depth > 0;
-";
 
 /// A SQLite database owned by this process.
 pub struct SqliteStore {
@@ -56,27 +32,19 @@ impl SqliteStore {
     fn init(conn: Connection) -> Result<Self, StoreError> {
         // Every statement of this file stays prepared (the default cache holds only 16).
         conn.set_prepared_statement_cache_capacity(64);
-        conn.execute_batch(SCHEMA)?;
-        let version: Option<String> = conn
+        conn.execute_batch(&schema::tables("INTEGER PRIMARY KEY AUTOINCREMENT"))?;
+        let found = conn
             .query_row(
                 "SELECT value FROM meta WHERE name = 'schema_version'",
                 [],
                 |r| r.get(0),
             )
             .optional()?;
-        match version.map(|v| v.parse::<i64>()) {
-            None => {
-                conn.execute(
-                    "INSERT INTO meta (name, value) VALUES ('schema_version', ?1)",
-                    [SCHEMA_VERSION.to_string()],
-                )?;
-            }
-            Some(Ok(SCHEMA_VERSION)) => {}
-            Some(other) => {
-                return Err(StoreError::Schema(format!(
-                    "database schema version {other:?} is not {SCHEMA_VERSION}, which this build of tollgate writes"
-                )))
-            }
+        if schema::check_version(found)? {
+            conn.execute(
+                "INSERT INTO meta (name, value) VALUES ('schema_version', ?1)",
+                [schema::VERSION.to_string()],
+            )?;
         }
         Ok(SqliteStore { conn })
     }
