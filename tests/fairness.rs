@@ -9,7 +9,6 @@ mod common;
 use serde_json::json;
 use std::collections::BTreeMap;
 use tollgate::engine::Completion;
-use tollgate::model::CallResult;
 use tollgate::store::SqliteStore;
 use tollgate::Engine;
 
@@ -81,16 +80,7 @@ fn run(discipline: &str, claims: usize, mut check: impl FnMut(usize, &BTreeMap<&
         let entry = served.get_mut(c.tenant.as_str()).unwrap();
         entry.0 += 1;
         entry.1 += c.reserved_tokens;
-        let done = Completion {
-            tenant: c.tenant.clone(),
-            key: c.key.clone(),
-            result: CallResult::Succeeded,
-            usage: None,
-            failure: None,
-            provider_retry_after_ms: None,
-            result_ref: None,
-            worker: None,
-        };
+        let done = Completion::succeeded(&c.tenant, &c.key);
         assert!(e.complete(&done, 0).unwrap().ok);
         check(n, &served);
     }

@@ -174,7 +174,6 @@ pub fn admissions(
     batch: usize,
 ) -> Result<Throughput, String> {
     use crate::engine::{Completion, Job};
-    use crate::model::CallResult;
     let store = match store {
         StoreKind::Memory => SqliteStore::in_memory(),
         StoreKind::File => {
@@ -202,15 +201,11 @@ pub fn admissions(
         body_ref: None,
         fingerprint: None,
     };
-    let completion = |i: u64| Completion {
-        tenant: tenant_names[(i % u64::from(tenants)) as usize].clone(),
-        key: format!("op-{i}"),
-        result: CallResult::Succeeded,
-        usage: None,
-        failure: None,
-        provider_retry_after_ms: None,
-        result_ref: None,
-        worker: None,
+    let completion = |i: u64| {
+        Completion::succeeded(
+            &tenant_names[(i % u64::from(tenants)) as usize],
+            &format!("op-{i}"),
+        )
     };
     let mut latencies: Vec<f64> = Vec::with_capacity(ops as usize);
     let started = Instant::now();

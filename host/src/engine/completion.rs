@@ -24,6 +24,22 @@ pub struct Completion {
     pub worker: Option<String>,
 }
 
+impl Completion {
+    /// A plain success report, with no usage, reference or worker.
+    pub fn succeeded(tenant: &str, key: &str) -> Self {
+        Completion {
+            tenant: tenant.to_string(),
+            key: key.to_string(),
+            result: CallResult::Succeeded,
+            usage: None,
+            failure: None,
+            provider_retry_after_ms: None,
+            result_ref: None,
+            worker: None,
+        }
+    }
+}
+
 /// The resolution of an `unknown` outcome, once the caller knows it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Reconciliation {
