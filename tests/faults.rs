@@ -64,3 +64,26 @@ fn no_decision_sees_another_decisions_guest_memory() {
         .unwrap();
     assert_eq!(a, b);
 }
+
+#[test]
+fn a_policy_may_use_memory_beyond_its_initial_pages() {
+    // `big` allocates most of a MiB through the SDK's call arena (growing memory past the
+    // 64 KiB the module starts with), checks every byte, and then decides as `standard`.
+    let engine = common::engine(json!({"tenants": {"acme": {}}}), "faulty");
+    for i in 0..3 {
+        let d = engine
+            .admit(
+                &common::request("acme", &format!("big-{i}"), "interactive", 10, 60_000),
+                0,
+            )
+            .unwrap();
+        assert!(matches!(d.outcome, Outcome::Accepted), "{d:?}");
+        let small = engine
+            .admit(
+                &common::request("acme", &format!("small-{i}"), "interactive", 10, 60_000),
+                0,
+            )
+            .unwrap();
+        assert!(matches!(small.outcome, Outcome::Accepted), "{small:?}");
+    }
+}

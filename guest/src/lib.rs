@@ -40,6 +40,13 @@ extern crate alloc;
 
 pub mod standard;
 
+#[cfg(target_arch = "wasm32")]
+pub mod arena;
+
+#[cfg(all(target_arch = "wasm32", feature = "call-arena"))]
+#[global_allocator]
+static ALLOCATOR: arena::CallArena = arena::CallArena::new();
+
 /// Bindings generated from `wit/policy.wit`.
 #[doc(hidden)]
 pub mod bindings {

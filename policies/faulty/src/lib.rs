@@ -1,5 +1,6 @@
 //! A fixture that misbehaves on purpose: as `standard`, except that a request whose key
-//! starts with `trap` traps, `spin` loops forever and `hog` grows memory without bound.
+//! starts with `trap` traps, `spin` loops forever and `hog` grows memory without bound; `big` allocates
+//! most of a MiB (beyond the initial memory) and checks that no block overlaps another.
 
 use core::hint::black_box;
 use tollgate_guest::{
@@ -36,12 +37,38 @@ impl Policy for Faulty {
                 hoard.push(black_box(vec![1u8; 1 << 20]));
             }
         }
+        if req.key.starts_with("big") && !big_allocations_hold() {
+            core::arch::wasm32::unreachable();
+        }
         standard::admit(&req)
     }
 
     fn on_failure(report: FailureReport) -> RetryDecision {
         standard::on_failure(&report)
     }
+}
+
+/// Interleaves growing, shrinking and freeing blocks past the initial memory, then checks
+/// every byte: an allocator that hands out overlapping memory fails here.
+fn big_allocations_hold() -> bool {
+    let mut blocks: Vec<Vec<u32>> = Vec::new();
+    for b in 0..6u32 {
+        let mut v = Vec::new();
+        for i in 0..(1u32 << 15) {
+            v.push(black_box(b ^ i));
+        }
+        if b % 3 == 0 {
+            v.truncate(1000);
+            v.shrink_to_fit();
+        }
+        blocks.push(v);
+        let scratch = black_box(vec![0xffu8; 4096]);
+        drop(scratch);
+    }
+    blocks
+        .iter()
+        .enumerate()
+        .all(|(b, v)| v.iter().enumerate().all(|(i, x)| *x == b as u32 ^ i as u32))
 }
 
 export_policy!(Faulty);
