@@ -100,8 +100,14 @@ pub(crate) fn fingerprint(req: &Request) -> String {
         req.body_ref,
     ]);
     let digest = Sha256::digest(canonical.to_string().as_bytes());
-    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
-    format!("sha256:{hex}")
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(7 + 2 * digest.len());
+    out.push_str("sha256:");
+    for b in digest {
+        out.push(HEX[usize::from(b >> 4)] as char);
+        out.push(HEX[usize::from(b & 15)] as char);
+    }
+    out
 }
 
 /// What step 2 found: a final answer, or the attempt a fresh admission would start.
@@ -365,5 +371,47 @@ fn refusal_reason(r: RefusalReason) -> Reason {
         RefusalReason::GlobalConcurrency => Reason::GlobalConcurrency,
         RefusalReason::QueueFull => Reason::QueueFull,
         RefusalReason::DownstreamUnavailable => Reason::DownstreamUnavailable,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(body_ref: Option<&str>, fingerprint: Option<&str>) -> Request {
+        Request {
+            tenant: "acme".into(),
+            key: "k".into(),
+            route: Route::Durable,
+            input_tokens: 120,
+            optional_context_tokens: 30,
+            max_output_tokens: 400,
+            deadline_ms: 5_000,
+            size_bytes: 0,
+            body_ref: body_ref.map(String::from),
+            fingerprint: fingerprint.map(String::from),
+        }
+    }
+
+    #[test]
+    fn fingerprints_are_stable_across_versions() {
+        // Stored operations compare fingerprints: this text may never change.
+        let canonical = r#"["durable",120,30,400,"blob/1"]"#;
+        let expected: String = Sha256::digest(canonical.as_bytes())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        assert_eq!(
+            fingerprint(&request(Some("blob/1"), None)),
+            format!("sha256:{expected}")
+        );
+        assert_ne!(
+            fingerprint(&request(Some("blob/2"), None)),
+            fingerprint(&request(Some("blob/1"), None))
+        );
+        assert_eq!(
+            fingerprint(&request(None, Some("abc"))),
+            "caller:abc".to_string()
+        );
     }
 }

@@ -588,6 +588,9 @@ fn set_policy_gauge(engine: &Engine<AnyStore>, metrics: &Metrics) {
         .set(1.0);
 }
 
+/// How often the SQLite WAL is copied back into the database file.
+const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
+
 /// Builds the engine, the writer and the shared state from a configuration and a store.
 pub fn build(
     config: ServeConfig,
@@ -599,9 +602,14 @@ pub fn build(
 /// As [`build`], with scenario files every candidate policy must pass (`--verify-with`).
 pub fn build_with(
     config: ServeConfig,
-    store: AnyStore,
+    mut store: AnyStore,
     verify_with: Vec<std::path::PathBuf>,
 ) -> Result<(Shared, std::thread::JoinHandle<()>), String> {
+    if let AnyStore::Sqlite(s) = &mut store {
+        // The writer commits; checkpoints (and their fsync) happen beside it.
+        s.checkpoint_in_background(CHECKPOINT_EVERY)
+            .map_err(|e| format!("store: {e}"))?;
+    }
     let metrics = Metrics::new();
     let mut runtime = Runtime::new().map_err(|e| format!("starting wasmtime: {e:#}"))?;
     let histogram = metrics.policy_calls.clone();

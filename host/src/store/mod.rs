@@ -7,6 +7,7 @@
 
 mod cached;
 pub mod postgres;
+mod row_cache;
 mod schema;
 pub mod sqlite;
 

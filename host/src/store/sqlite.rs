@@ -1,15 +1,48 @@
 //! The embedded SQLite store: one file in WAL mode (or memory), every transaction
 //! `BEGIN IMMEDIATE`, the schema created and versioned by the host.
 
+use super::row_cache::RowCache;
 use super::{schema, QueuedJob, Store, StoreError, Tx};
 use crate::bucket;
 use crate::model::Operation;
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
 
 /// A SQLite database owned by this process.
 pub struct SqliteStore {
     conn: Connection,
+    /// The file, for a second connection (the background checkpointer); `None` in memory.
+    path: Option<PathBuf>,
+    checkpointer: Option<Checkpointer>,
+    /// Buckets, slots and meta as this connection last left them (see `row_cache`).
+    rows: RowCache,
+    /// `PRAGMA data_version` when `rows` was last known to be right.
+    data_version: i64,
+}
+
+/// Pages the writer lets the WAL reach before it checkpoints itself when a background
+/// checkpointer runs (a bound in case that thread falls behind).
+const WAL_PAGES_WITH_CHECKPOINTER: u32 = 16_384;
+
+/// A thread that copies the WAL back into the database file, so that the writer never
+/// waits for a checkpoint's writes and `fsync`. Stops when dropped.
+struct Checkpointer {
+    stop: Arc<(Mutex<bool>, Condvar)>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Drop for Checkpointer {
+    fn drop(&mut self) {
+        let (stopped, wake) = &*self.stop;
+        *stopped.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        wake.notify_all();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 impl SqliteStore {
@@ -18,18 +51,57 @@ impl SqliteStore {
         let conn = Connection::open(path)?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "NORMAL")?;
-        conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        conn.busy_timeout(Duration::from_secs(5))?;
         // 64 MiB of page cache: hot index pages stay in memory at large queue sizes.
         conn.pragma_update(None, "cache_size", -65536)?;
-        Self::init(conn)
+        conn.pragma_update(None, "temp_store", "MEMORY")?;
+        Self::init(conn, Some(path.to_path_buf()))
     }
 
     /// A private in-memory database (scenarios, smoke checks of a candidate policy).
     pub fn in_memory() -> Result<Self, StoreError> {
-        Self::init(Connection::open_in_memory()?)
+        Self::init(Connection::open_in_memory()?, None)
     }
 
-    fn init(conn: Connection) -> Result<Self, StoreError> {
+    /// Moves WAL checkpoints to a thread of their own, run every `every` (for a long-lived
+    /// writer such as `tollgate serve`). Durability is unchanged: a commit is in the WAL
+    /// either way. Does nothing for an in-memory database or when already running.
+    pub fn checkpoint_in_background(&mut self, every: Duration) -> Result<(), StoreError> {
+        let Some(path) = self.path.clone() else {
+            return Ok(());
+        };
+        if self.checkpointer.is_some() {
+            return Ok(());
+        }
+        let conn = Connection::open(&path)?;
+        conn.busy_timeout(Duration::from_secs(5))?;
+        let stop = Arc::new((Mutex::new(false), Condvar::new()));
+        let flag = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("tollgate-checkpoint".into())
+            .spawn(move || {
+                let (stopped, wake) = &*flag;
+                let mut done = stopped.lock().unwrap_or_else(|e| e.into_inner());
+                while !*done {
+                    (done, _) = wake
+                        .wait_timeout(done, every)
+                        .unwrap_or_else(|e| e.into_inner());
+                    // PASSIVE never blocks the writer; what it cannot copy now it copies
+                    // next time. A failure leaves the WAL to the writer's own bound.
+                    let _ = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()));
+                }
+            })
+            .map_err(|e| StoreError::Schema(format!("starting the checkpointer: {e}")))?;
+        self.conn
+            .pragma_update(None, "wal_autocheckpoint", WAL_PAGES_WITH_CHECKPOINTER)?;
+        self.checkpointer = Some(Checkpointer {
+            stop,
+            thread: Some(thread),
+        });
+        Ok(())
+    }
+
+    fn init(conn: Connection, path: Option<PathBuf>) -> Result<Self, StoreError> {
         // Every statement of this file stays prepared (the default cache holds only 16).
         conn.set_prepared_statement_cache_capacity(64);
         conn.execute_batch(&schema::tables("INTEGER PRIMARY KEY AUTOINCREMENT"))?;
@@ -46,7 +118,13 @@ impl SqliteStore {
                 [schema::VERSION.to_string()],
             )?;
         }
-        Ok(SqliteStore { conn })
+        Ok(SqliteStore {
+            conn,
+            path,
+            checkpointer: None,
+            rows: RowCache::default(),
+            data_version: 0,
+        })
     }
 }
 
@@ -59,10 +137,17 @@ impl Store for SqliteStore {
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(StoreError::from)?;
-        let mut view = SqliteTx { tx: &tx };
-        let result = f(&mut view)?;
-        tx.commit().map_err(StoreError::from)?;
-        Ok(result)
+        let rows = &mut self.rows;
+        check_data_version(&tx, rows, &mut self.data_version)?;
+        match f(&mut SqliteTx { tx: &tx, rows }) {
+            // A failed flush or commit empties the cache (see `commit`).
+            Ok(v) => commit(tx, rows).map(|()| v).map_err(E::from),
+            Err(e) => {
+                // Rolled back: SQL holds what it held before, and so does the cache.
+                rows.roll_back();
+                Err(e)
+            }
+        }
     }
 
     fn transaction_many<T>(
@@ -73,24 +158,81 @@ impl Store for SqliteStore {
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)?;
-        let mut out = Vec::with_capacity(n);
-        for i in 0..n {
-            tx.execute_batch("SAVEPOINT item")?;
-            let result = f(i, &mut SqliteTx { tx: &tx });
-            if result.is_ok() {
-                tx.execute_batch("RELEASE item")?;
-            } else {
-                tx.execute_batch("ROLLBACK TO item; RELEASE item")?;
+        let rows = &mut self.rows;
+        let mut run = |rows: &mut RowCache| -> Result<Vec<Result<T, StoreError>>, StoreError> {
+            check_data_version(&tx, rows, &mut self.data_version)?;
+            let mut out = Vec::with_capacity(n);
+            for i in 0..n {
+                tx.prepare_cached("SAVEPOINT item")?.execute([])?;
+                let result = f(i, &mut SqliteTx { tx: &tx, rows });
+                if result.is_err() {
+                    tx.prepare_cached("ROLLBACK TO item")?.execute([])?;
+                    rows.roll_back();
+                } else {
+                    rows.keep();
+                }
+                tx.prepare_cached("RELEASE item")?.execute([])?;
+                out.push(result);
             }
-            out.push(result);
+            Ok(out)
+        };
+        match run(rows).and_then(|out| commit(tx, rows).map(|()| out)) {
+            Ok(out) => Ok(out),
+            Err(e) => {
+                // The whole transaction rolled back: the cache cannot say what SQL holds.
+                rows.clear();
+                Err(e)
+            }
         }
-        tx.commit()?;
-        Ok(out)
     }
+}
+
+/// Empties the row cache if another connection committed since this one last looked.
+fn check_data_version(
+    tx: &Connection,
+    rows: &mut RowCache,
+    known: &mut i64,
+) -> Result<(), StoreError> {
+    let version: i64 = tx
+        .prepare_cached("PRAGMA data_version")?
+        .query_row([], |r| r.get(0))?;
+    if version != *known {
+        rows.clear();
+        *known = version;
+    }
+    Ok(())
+}
+
+/// Writes the rows the transaction changed, then commits. On failure the transaction
+/// rolls back and the cache, which may hold the rolled-back values, is emptied.
+fn commit(tx: rusqlite::Transaction<'_>, rows: &mut RowCache) -> Result<(), StoreError> {
+    let flush = rows.take_flush();
+    let result = (|| {
+        for (name, s) in &flush.buckets {
+            tx.prepare_cached(
+                "INSERT INTO buckets (name, balance_micro, updated_ms) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (name) DO UPDATE SET balance_micro = ?2, updated_ms = ?3",
+            )?
+            .execute(params![name, s.balance_micro, s.updated_ms])?;
+        }
+        for (scope, in_use) in &flush.slots {
+            tx.prepare_cached(
+                "INSERT INTO slots (scope, in_use) VALUES (?1, ?2)
+                 ON CONFLICT (scope) DO UPDATE SET in_use = ?2",
+            )?
+            .execute(params![scope, in_use])?;
+        }
+        tx.commit()
+    })();
+    if result.is_err() {
+        rows.clear();
+    }
+    Ok(result?)
 }
 
 struct SqliteTx<'a> {
     tx: &'a Connection,
+    rows: &'a mut RowCache,
 }
 
 fn job_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<QueuedJob> {
@@ -105,44 +247,48 @@ fn job_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<QueuedJob> {
 
 impl Tx for SqliteTx<'_> {
     fn bucket(&mut self, name: &str) -> Result<Option<bucket::State>, StoreError> {
+        if let Some(s) = self.rows.bucket(name) {
+            return Ok(s);
+        }
         let mut st = self
             .tx
             .prepare_cached("SELECT balance_micro, updated_ms FROM buckets WHERE name = ?1")?;
-        Ok(st
+        let s = st
             .query_row([name], |r| {
                 Ok(bucket::State {
                     balance_micro: r.get(0)?,
                     updated_ms: r.get(1)?,
                 })
             })
-            .optional()?)
+            .optional()?;
+        self.rows.bucket_read(name, s);
+        Ok(s)
     }
 
     fn set_bucket(&mut self, name: &str, s: bucket::State) -> Result<(), StoreError> {
-        let mut st = self.tx.prepare_cached(
-            "INSERT INTO buckets (name, balance_micro, updated_ms) VALUES (?1, ?2, ?3)
-             ON CONFLICT (name) DO UPDATE SET balance_micro = ?2, updated_ms = ?3",
-        )?;
-        st.execute(params![name, s.balance_micro, s.updated_ms])?;
+        // Written to SQL when the transaction commits.
+        self.rows.set_bucket(name, s);
         Ok(())
     }
 
     fn slots_in_use(&mut self, scope: &str) -> Result<u32, StoreError> {
+        if let Some(n) = self.rows.slots(scope) {
+            return Ok(n);
+        }
         let mut st = self
             .tx
             .prepare_cached("SELECT in_use FROM slots WHERE scope = ?1")?;
-        Ok(st
+        let n = st
             .query_row([scope], |r| r.get::<_, u32>(0))
             .optional()?
-            .unwrap_or(0))
+            .unwrap_or(0);
+        self.rows.slots_read(scope, n);
+        Ok(n)
     }
 
     fn set_slots_in_use(&mut self, scope: &str, in_use: u32) -> Result<(), StoreError> {
-        let mut st = self.tx.prepare_cached(
-            "INSERT INTO slots (scope, in_use) VALUES (?1, ?2)
-             ON CONFLICT (scope) DO UPDATE SET in_use = ?2",
-        )?;
-        st.execute(params![scope, in_use])?;
+        // Written to SQL when the transaction commits.
+        self.rows.set_slots(scope, in_use);
         Ok(())
     }
 
@@ -190,10 +336,15 @@ impl Tx for SqliteTx<'_> {
     }
 
     fn meta(&mut self, name: &str) -> Result<Option<String>, StoreError> {
+        if let Some(v) = self.rows.meta(name) {
+            return Ok(v);
+        }
         let mut st = self
             .tx
             .prepare_cached("SELECT value FROM meta WHERE name = ?1")?;
-        Ok(st.query_row([name], |r| r.get(0)).optional()?)
+        let v: Option<String> = st.query_row([name], |r| r.get(0)).optional()?;
+        self.rows.meta_read(name, v.clone());
+        Ok(v)
     }
 
     fn set_meta(&mut self, name: &str, value: &str) -> Result<(), StoreError> {
@@ -201,6 +352,7 @@ impl Tx for SqliteTx<'_> {
             "INSERT INTO meta (name, value) VALUES (?1, ?2) ON CONFLICT (name) DO UPDATE SET value = ?2",
         )?;
         st.execute([name, value])?;
+        self.rows.meta_written(name, value);
         Ok(())
     }
 
@@ -301,5 +453,97 @@ impl Tx for SqliteTx<'_> {
             )?
             .execute(params![tenant, deficit.min(i64::MAX as u64) as i64])?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(balance_micro: i64) -> bucket::State {
+        bucket::State {
+            balance_micro,
+            updated_ms: 7,
+        }
+    }
+
+    fn in_sql(path: &Path, name: &str) -> Option<i64> {
+        Connection::open(path)
+            .unwrap()
+            .query_row(
+                "SELECT balance_micro FROM buckets WHERE name = ?1",
+                [name],
+                |r| r.get(0),
+            )
+            .optional()
+            .unwrap()
+    }
+
+    fn read(store: &mut SqliteStore, name: &str) -> Option<i64> {
+        store
+            .transaction(|tx| Ok::<_, StoreError>(tx.bucket(name)?.map(|s| s.balance_micro)))
+            .unwrap()
+    }
+
+    #[test]
+    fn cached_rows_reach_sql_at_commit_and_follow_other_connections() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.db");
+        let mut store = SqliteStore::open(&path).unwrap();
+        store
+            .transaction(|tx| tx.set_bucket("x", state(5)))
+            .unwrap();
+        assert_eq!(in_sql(&path, "x"), Some(5));
+        assert_eq!(read(&mut store, "x"), Some(5));
+        // Another connection commits: the cached row is not trusted any more.
+        Connection::open(&path)
+            .unwrap()
+            .execute("UPDATE buckets SET balance_micro = 42 WHERE name = 'x'", [])
+            .unwrap();
+        assert_eq!(read(&mut store, "x"), Some(42));
+    }
+
+    #[test]
+    fn rolled_back_work_leaves_neither_sql_nor_the_cache_changed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.db");
+        let mut store = SqliteStore::open(&path).unwrap();
+        // One transaction that fails after writing.
+        let failed: Result<(), StoreError> = store.transaction(|tx| {
+            tx.set_bucket("z", state(1))?;
+            tx.set_slots_in_use("global", 3)?;
+            Err(StoreError::Schema("no".into()))
+        });
+        assert!(failed.is_err());
+        assert_eq!(read(&mut store, "z"), None);
+        assert_eq!(in_sql(&path, "z"), None);
+        // A batch where the middle piece fails: the others commit.
+        let answers = store
+            .transaction_many(3, |i, tx| {
+                tx.set_bucket("y", state(i as i64 + 1))?;
+                tx.set_slots_in_use("global", i as u32 + 1)?;
+                if i == 1 {
+                    return Err(StoreError::Schema("no".into()));
+                }
+                Ok(())
+            })
+            .unwrap();
+        assert!(answers[0].is_ok() && answers[1].is_err() && answers[2].is_ok());
+        assert_eq!(read(&mut store, "y"), Some(3));
+        assert_eq!(in_sql(&path, "y"), Some(3));
+        let slots = store.transaction(|tx| tx.slots_in_use("global")).unwrap();
+        assert_eq!(slots, 3);
+        // The middle piece's value never showed: the last piece read what the first wrote.
+        let seen = store
+            .transaction_many(2, |i, tx| {
+                let before = tx.bucket("w")?.map(|s| s.balance_micro);
+                if i == 0 {
+                    tx.set_bucket("w", state(10))?;
+                    return Err(StoreError::Schema("no".into()));
+                }
+                Ok(before)
+            })
+            .unwrap();
+        assert_eq!(seen[1].as_ref().unwrap(), &None);
     }
 }
