@@ -18,7 +18,7 @@ pub struct SqliteStore {
     path: Option<PathBuf>,
     checkpointer: Option<Checkpointer>,
     /// Buckets, slots and meta as this connection last left them (see `row_cache`).
-    rows: RowCache,
+    rows: Box<RowCache>,
     /// `PRAGMA data_version` when `rows` was last known to be right.
     data_version: i64,
 }
@@ -122,7 +122,7 @@ impl SqliteStore {
             conn,
             path,
             checkpointer: None,
-            rows: RowCache::default(),
+            rows: Box::default(),
             data_version: 0,
         })
     }
