@@ -7,6 +7,7 @@ use crate::model::{OpState, Operation, Route};
 use crate::runtime::{builtin, Runtime};
 use crate::store::{QueuedJob, SqliteStore, Store, StoreError};
 use serde::Serialize;
+use std::io::Write as _;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
@@ -267,132 +268,163 @@ pub struct HttpFigures {
     pub errors: u64,
 }
 
-/// Starts `tollgate serve` in this process on a file-backed store and drives it with
-/// `connections` keep-alive HTTP/1.1 connections sending admissions, `requests` in all.
+/// The service's configuration for the HTTP benchmark: `tenants` tenants, caller key
+/// `key-N` for tenant N, limits high enough that every admission is accepted.
+fn http_config(tenants: u32) -> serde_json::Value {
+    let mut config = admit_config_json(tenants);
+    let callers: serde_json::Map<String, serde_json::Value> = (0..tenants)
+        .map(|t| (format!("key-{t}"), serde_json::json!(format!("t{t:05}"))))
+        .collect();
+    config["auth"] = serde_json::json!({ "callers": callers });
+    config
+}
+
+/// Runs `serve` (the `tollgate` executable) as its own process on a SQLite file in `dir`,
+/// exactly as an operator starts it (its logs go to `dir/serve.log`), and drives it from
+/// this process with `connections` keep-alive HTTP/1.1 connections, `requests` admissions
+/// in all.
 pub fn http(
+    serve: &Path,
     dir: &Path,
     tenants: u32,
     connections: usize,
     requests: u64,
 ) -> Result<HttpFigures, String> {
-    http_on(dir, tenants, connections, requests, None, 1)
+    use std::process::{Command, Stdio};
+    let config_path = dir.join("serve.json");
+    std::fs::write(&config_path, http_config(tenants).to_string()).map_err(|e| e.to_string())?;
+    let db = dir.join("http.db");
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", db.display()));
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_err(|e| e.to_string())?
+        .port();
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let log = std::fs::File::create(dir.join("serve.log")).map_err(|e| e.to_string())?;
+    let child = Command::new(serve)
+        .arg("serve")
+        .arg("--config")
+        .arg(&config_path)
+        .arg("--db")
+        .arg(&db)
+        .args(["--listen", &addr.to_string()])
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .map_err(|e| format!("starting {}: {e}", serve.display()))?;
+    struct Server(std::process::Child);
+    impl Drop for Server {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _server = Server(child);
+    let started = Instant::now();
+    while std::net::TcpStream::connect(addr).is_err() {
+        if started.elapsed() > std::time::Duration::from_secs(30) {
+            return Err("tollgate serve did not start listening".into());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    load(&[addr], tenants, connections, requests)
 }
 
-/// As [`http`], on `db` (a `postgres://` URL, in a scratch schema) with `replicas` servers
-/// sharing it, the connections spread over them; `None` is a SQLite file (one replica).
-pub fn http_on(
-    dir: &Path,
+/// As [`http`], with `replicas` servers in this process sharing the PostgreSQL store at
+/// `url` (in a scratch schema), the connections spread over them.
+pub fn http_postgres(
+    url: &str,
     tenants: u32,
     connections: usize,
     requests: u64,
-    db: Option<&str>,
     replicas: usize,
 ) -> Result<HttpFigures, String> {
     use crate::service::{self, ServeConfig};
-    use http_body_util::{BodyExt, Full};
-    use hyper::body::Bytes;
-    use hyper_util::client::legacy::Client;
-    use hyper_util::rt::TokioExecutor;
-
-    let mut config = serde_json::to_value(admit_config_json(tenants)).map_err(|e| e.to_string())?;
-    let mut callers = serde_json::Map::new();
-    for t in 0..tenants {
-        callers.insert(format!("key-{t}"), serde_json::json!(format!("t{t:05}")));
-    }
-    config["auth"] = serde_json::json!({"callers": callers});
-    let config = ServeConfig::from_json(&config)?;
+    use crate::store::{AnyStore, PgStore};
+    let config = ServeConfig::from_json(&http_config(tenants))?;
     let schema = format!("tollgate_bench_{}", std::process::id());
     let mut servers = Vec::new();
     for r in 0..replicas.max(1) {
-        let store = match db {
-            Some(url) if r == 0 => crate::store::AnyStore::Postgres(Box::new(
-                crate::store::PgStore::open_scratch(url, &schema).map_err(|e| e.to_string())?,
-            )),
-            Some(url) => crate::store::AnyStore::Postgres(Box::new(
-                crate::store::PgStore::open_in_schema(url, &schema).map_err(|e| e.to_string())?,
-            )),
-            None => {
-                let path = dir.join("http.db");
-                for suffix in ["", "-wal", "-shm"] {
-                    let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
-                }
-                crate::store::AnyStore::Sqlite(SqliteStore::open(&path).map_err(|e| e.to_string())?)
-            }
-        };
-        servers.push(service::build(config.clone(), store)?);
-        if db.is_none() {
-            break;
+        let store = if r == 0 {
+            PgStore::open_scratch(url, &schema)
+        } else {
+            PgStore::open_in_schema(url, &schema)
         }
+        .map_err(|e| e.to_string())?;
+        servers.push(service::build(
+            config.clone(),
+            AnyStore::Postgres(Box::new(store)),
+        )?);
     }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .map_err(|e| e.to_string())?;
-    rt.block_on(async move {
-        let mut addrs = Vec::new();
-        let mut stops = Vec::new();
-        let mut handles = Vec::new();
-        for (state, writer) in servers {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.map_err(|e| e.to_string())?;
-            addrs.push(listener.local_addr().map_err(|e| e.to_string())?);
-            let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-            stops.push(stop_tx);
-            handles.push(tokio::spawn(service::serve(listener, state, writer, async move {
-                let _ = stop_rx.await;
-            })));
-        }
-        let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
-        let per_connection = requests.div_ceil(connections as u64);
+    let mut addrs = Vec::new();
+    let mut stops = Vec::new();
+    let mut handles = Vec::new();
+    for (state, writer) in servers {
+        let listener = rt
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .map_err(|e| e.to_string())?;
+        addrs.push(listener.local_addr().map_err(|e| e.to_string())?);
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        stops.push(stop);
+        handles.push(
+            rt.spawn(service::serve(listener, state, writer, async move {
+                let _ = stopped.await;
+            })),
+        );
+    }
+    let figures = load(&addrs, tenants, connections, requests);
+    for stop in stops {
+        let _ = stop.send(());
+    }
+    for h in handles {
+        let _ = rt.block_on(h);
+    }
+    figures
+}
+
+/// The load generator: `connections` keep-alive connections on one thread, each sending
+/// its next admission as soon as the last one is answered. Requests are written whole and
+/// responses read with a minimal HTTP/1.1 parser, so that the generator takes as little
+/// as possible of the cores it shares with the server.
+fn load(
+    addrs: &[std::net::SocketAddr],
+    tenants: u32,
+    connections: usize,
+    requests: u64,
+) -> Result<HttpFigures, String> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let per_connection = requests.div_ceil(connections.max(1) as u64);
+    rt.block_on(async {
         let started = Instant::now();
-        let mut tasks = Vec::new();
-        for c in 0..connections {
-            let client = client.clone();
+        let mut tasks = tokio::task::JoinSet::new();
+        for c in 0..connections.max(1) {
             let addr = addrs[c % addrs.len()];
-            tasks.push(tokio::spawn(async move {
-                let mut latencies = Vec::with_capacity(per_connection as usize);
-                let mut errors = 0u64;
-                for i in 0..per_connection {
-                    let n = c as u64 * per_connection + i;
-                    let tenant = n % u64::from(tenants);
-                    let body = format!(
-                        r#"{{"key":"op-{n}","route":"interactive","input_tokens":200,"max_output_tokens":300,"deadline_ms":{}}}"#,
-                        i64::MAX
-                    );
-                    let req = hyper::Request::post(format!("http://{addr}/v1/admit"))
-                        .header("authorization", format!("Bearer key-{tenant}"))
-                        .header("content-type", "application/json")
-                        .body(Full::new(Bytes::from(body)))
-                        .expect("request");
-                    let t = Instant::now();
-                    match client.request(req).await {
-                        Ok(resp) => {
-                            let ok = resp.status() == 200;
-                            let _ = resp.into_body().collect().await;
-                            if !ok {
-                                errors += 1;
-                            }
-                        }
-                        Err(_) => errors += 1,
-                    }
-                    latencies.push(t.elapsed().as_secs_f64() * 1e3);
-                }
-                (latencies, errors)
-            }));
+            let first = c as u64 * per_connection;
+            tasks.spawn(async move {
+                drive(addr, tenants, first, per_connection)
+                    .await
+                    .map_err(|e| format!("connection {c}: {e}"))
+            });
         }
-        let mut latencies = Vec::new();
+        let mut latencies = Vec::with_capacity(requests as usize);
         let mut errors = 0;
-        for t in tasks {
-            let (l, e) = t.await.map_err(|e| e.to_string())?;
+        while let Some(done) = tasks.join_next().await {
+            let (l, e) = done.map_err(|e| e.to_string())??;
             latencies.extend(l);
             errors += e;
         }
         let secs = started.elapsed().as_secs_f64();
-        for stop in stops {
-            let _ = stop.send(());
-        }
-        drop(client);
-        for h in handles {
-            let _ = h.await;
+        if latencies.is_empty() {
+            return Err("no request was answered".into());
         }
         latencies.sort_by(|a, b| a.total_cmp(b));
         let pct = |p: f64| latencies[((latencies.len() as f64 - 1.0) * p).round() as usize];
@@ -405,6 +437,81 @@ pub fn http_on(
             errors,
         })
     })
+}
+
+/// One connection's requests: admissions `first..first + count`, each for tenant `n % tenants`
+/// with a key of its own. Returns each request's latency in ms and how many were not 200.
+async fn drive(
+    addr: std::net::SocketAddr,
+    tenants: u32,
+    first: u64,
+    count: u64,
+) -> std::io::Result<(Vec<f64>, u64)> {
+    use std::io::{Error, ErrorKind};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    stream.set_nodelay(true)?;
+    let mut latencies = Vec::with_capacity(count as usize);
+    let mut errors = 0;
+    let mut request = Vec::with_capacity(512);
+    let mut buf = vec![0u8; 16 << 10];
+    for n in first..first + count {
+        let body = format!(
+            r#"{{"key":"op-{n}","route":"interactive","input_tokens":200,"max_output_tokens":300,"deadline_ms":{}}}"#,
+            i64::MAX
+        );
+        request.clear();
+        write!(
+            request,
+            "POST /v1/admit HTTP/1.1\r\nhost: {addr}\r\nauthorization: Bearer key-{}\r\n\
+             content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            n % u64::from(tenants),
+            body.len()
+        )?;
+        let t = Instant::now();
+        stream.write_all(&request).await?;
+        let mut filled = 0;
+        let (status, end) = loop {
+            if filled == buf.len() {
+                return Err(Error::new(ErrorKind::InvalidData, "response too large"));
+            }
+            let got = stream.read(&mut buf[filled..]).await?;
+            if got == 0 {
+                return Err(Error::new(ErrorKind::UnexpectedEof, "server closed"));
+            }
+            filled += got;
+            let mut headers = [httparse::EMPTY_HEADER; 32];
+            let mut response = httparse::Response::new(&mut headers);
+            match response.parse(&buf[..filled]) {
+                Ok(httparse::Status::Complete(head)) => {
+                    let length = response
+                        .headers
+                        .iter()
+                        .find(|h| h.name.eq_ignore_ascii_case("content-length"))
+                        .and_then(|h| std::str::from_utf8(h.value).ok()?.trim().parse().ok())
+                        .unwrap_or(0usize);
+                    break (response.code.unwrap_or(0), head + length);
+                }
+                Ok(httparse::Status::Partial) => continue,
+                Err(e) => return Err(Error::new(ErrorKind::InvalidData, e.to_string())),
+            }
+        };
+        if end > buf.len() {
+            return Err(Error::new(ErrorKind::InvalidData, "response too large"));
+        }
+        while filled < end {
+            let got = stream.read(&mut buf[filled..end]).await?;
+            if got == 0 {
+                return Err(Error::new(ErrorKind::UnexpectedEof, "server closed"));
+            }
+            filled += got;
+        }
+        latencies.push(t.elapsed().as_secs_f64() * 1e3);
+        if status != 200 {
+            errors += 1;
+        }
+    }
+    Ok((latencies, errors))
 }
 
 /// The peer design: the same all-or-nothing multi-bucket reservation with operation keys as

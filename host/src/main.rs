@@ -299,20 +299,22 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             ..
         } => {
             let dir = tempfile_dir()?;
-            let f = tollgate::bench::http_on(
-                &dir,
-                tenants,
-                connections,
-                requests,
-                db.as_deref(),
-                replicas,
-            )?;
+            let f = match db.as_deref() {
+                Some(url) => {
+                    tollgate::bench::http_postgres(url, tenants, connections, requests, replicas)
+                }
+                None => {
+                    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+                    tollgate::bench::http(&exe, &dir, tenants, connections, requests)
+                }
+            };
             println!(
                 "store: {}, replicas: {}",
                 db.as_deref().map_or("sqlite file", |_| "postgres"),
                 replicas.max(1)
             );
             let _ = std::fs::remove_dir_all(&dir);
+            let f = f?;
             println!(
                 "{} admissions over {} connections: {:.0}/s, p50 {:.2} ms, p99 {:.2} ms, {} errors",
                 f.requests, f.connections, f.admissions_per_s, f.p50_ms, f.p99_ms, f.errors
@@ -611,15 +613,20 @@ fn serve(
     watch_policy: Option<PathBuf>,
     verify_with: Vec<PathBuf>,
 ) -> Result<ExitCode, String> {
+    use std::io::IsTerminal;
     let filter =
         tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    // Requests hand their log lines to a writer thread (flushed when `_flush` drops at exit);
+    // if that thread falls far behind, lines are dropped rather than requests slowed.
+    let (log, _flush) = tracing_appender::non_blocking(std::io::stderr());
+    let logs = tracing_subscriber::fmt()
+        .with_writer(log)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_env_filter(filter);
     if json_logs {
-        tracing_subscriber::fmt()
-            .json()
-            .with_env_filter(filter)
-            .init();
+        logs.json().init();
     } else {
-        tracing_subscriber::fmt().with_env_filter(filter).init();
+        logs.init();
     }
     let text = std::fs::read_to_string(config).map_err(|e| format!("{}: {e}", config.display()))?;
     let value: serde_json::Value =
