@@ -74,6 +74,15 @@ pub enum Resolution {
     Failed,
 }
 
+impl Operation {
+    /// Reads a stored record; `tenant` and `key` come from their columns.
+    pub fn from_record(tenant: String, key: String, record: &str) -> serde_json::Result<Self> {
+        let mut op: Operation = serde_json::from_str(record)?;
+        (op.tenant, op.key) = (tenant, key);
+        Ok(op)
+    }
+}
+
 impl From<Resolution> for CallResult {
     fn from(r: Resolution) -> Self {
         match r {
@@ -102,9 +111,14 @@ pub struct RetryVerdict {
 }
 
 /// Everything the store keeps about one operation `(tenant, key)`.
+///
+/// Stored as a JSON record beside `tenant` and `key` columns: the record leaves out those
+/// two and every absent optional field (records from before that still read).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Operation {
+    #[serde(default, skip_serializing)]
     pub tenant: String,
+    #[serde(default, skip_serializing)]
     pub key: String,
     pub fingerprint: String,
     pub route: Route,
@@ -120,18 +134,24 @@ pub struct Operation {
     pub reserved_tokens: u64,
     pub estimated_exec_ms: u64,
     pub degraded: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub body_ref: Option<String>,
     /// Whether the operation holds a global slot (and, with `holds_tenant_slot`, a tenant slot).
     pub holds_slot: bool,
     pub holds_tenant_slot: bool,
     /// Whether the token reservation of the current attempt is still outstanding.
     pub tokens_reserved: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub not_before_ms: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result_ref: Option<String>,
     /// The worker that claimed the current attempt (durable only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub worker: Option<String>,
     /// The result of the `complete` that ended the latest attempt, to make repeats no-ops.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_result: Option<CallResult>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_retry: Option<RetryVerdict>,
     /// Content hash of the policy that made the latest decision.
     pub policy_digest: String,
@@ -142,4 +162,41 @@ pub struct Operation {
 pub struct JobRef {
     pub tenant: String,
     pub key: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FULL: &str = r#"{"tenant":"acme","key":"op-1","fingerprint":"sha256:ab","route":"interactive","state":"active","attempt":1,"deadline_ms":99,"input_tokens":200,"max_output_tokens":300,"optional_context_tokens":0,"reserved_tokens":500,"estimated_exec_ms":0,"degraded":false,"body_ref":null,"holds_slot":true,"holds_tenant_slot":false,"tokens_reserved":true,"not_before_ms":null,"result_ref":null,"worker":null,"last_result":null,"last_retry":null,"policy_digest":"5f08"}"#;
+
+    #[test]
+    fn records_leave_out_the_key_columns_and_absent_fields_and_still_read_full_ones() {
+        let old = Operation::from_record("acme".into(), "op-1".into(), FULL).unwrap();
+        let compact = serde_json::to_string(&old).unwrap();
+        for absent in [
+            "\"tenant\"",
+            "\"key\"",
+            "body_ref",
+            "worker",
+            "last_retry",
+            "null",
+        ] {
+            assert!(!compact.contains(absent), "{absent} in {compact}");
+        }
+        let again = Operation::from_record("acme".into(), "op-1".into(), &compact).unwrap();
+        assert_eq!(again, old);
+        assert_eq!(
+            (again.tenant.as_str(), again.key.as_str()),
+            ("acme", "op-1")
+        );
+        let mut full = old.clone();
+        full.worker = Some("w1".into());
+        full.last_result = Some(CallResult::Unknown);
+        let back = serde_json::to_string(&full).unwrap();
+        assert_eq!(
+            Operation::from_record("acme".into(), "op-1".into(), &back).unwrap(),
+            full
+        );
+    }
 }

@@ -23,7 +23,7 @@ const STATEMENTS: &[(&str, &str)] = &[
     ("operation", "SELECT record FROM operations WHERE tenant = $1 AND key = $2"),
     ("put_operation", "INSERT INTO operations (tenant, key, state, worker, record) VALUES ($1, $2, $3, $4, $5)
         ON CONFLICT (tenant, key) DO UPDATE SET state = $3, worker = $4, record = $5"),
-    ("operations", "SELECT record FROM operations ORDER BY tenant, key"),
+    ("operations", "SELECT tenant, key, record FROM operations ORDER BY tenant, key"),
     ("unfinished", "SELECT COUNT(*) FROM operations WHERE worker = $1 AND state IN ('active', 'unknown')"),
     ("meta", "SELECT value FROM meta WHERE name = $1"),
     ("set_meta", "INSERT INTO meta (name, value) VALUES ($1, $2) ON CONFLICT (name) DO UPDATE SET value = $2"),
@@ -227,7 +227,11 @@ impl Tx for PgTx<'_, '_> {
     }
     fn operation(&mut self, tenant: &str, key: &str) -> Result<Option<Operation>, StoreError> {
         match self.opt("operation", &[&tenant, &key])? {
-            Some(r) => Ok(Some(serde_json::from_str(r.get::<_, &str>(0))?)),
+            Some(r) => Ok(Some(Operation::from_record(
+                tenant.to_string(),
+                key.to_string(),
+                r.get::<_, &str>(0),
+            )?)),
             None => Ok(None),
         }
     }
@@ -242,7 +246,13 @@ impl Tx for PgTx<'_, '_> {
     fn operations(&mut self) -> Result<Vec<Operation>, StoreError> {
         let rows = self.tx.query(&self.st["operations"], &[])?;
         rows.iter()
-            .map(|r| Ok(serde_json::from_str(r.get::<_, &str>(0))?))
+            .map(|r| {
+                Ok(Operation::from_record(
+                    r.get(0),
+                    r.get(1),
+                    r.get::<_, &str>(2),
+                )?)
+            })
             .collect()
     }
     fn unfinished_claims(&mut self, worker: &str) -> Result<u32, StoreError> {

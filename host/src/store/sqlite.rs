@@ -297,7 +297,9 @@ impl Tx for SqliteTx<'_> {
             .tx
             .prepare_cached("SELECT record FROM operations WHERE tenant = ?1 AND key = ?2")?;
         let record: Option<String> = st.query_row([tenant, key], |r| r.get(0)).optional()?;
-        Ok(record.map(|r| serde_json::from_str(&r)).transpose()?)
+        Ok(record
+            .map(|r| Operation::from_record(tenant.to_string(), key.to_string(), &r))
+            .transpose()?)
     }
 
     fn put_operation(&mut self, op: &Operation) -> Result<(), StoreError> {
@@ -319,11 +321,18 @@ impl Tx for SqliteTx<'_> {
     fn operations(&mut self) -> Result<Vec<Operation>, StoreError> {
         let mut st = self
             .tx
-            .prepare_cached("SELECT record FROM operations ORDER BY tenant, key")?;
-        let rows = st.query_map([], |r| r.get::<_, String>(0))?;
+            .prepare_cached("SELECT tenant, key, record FROM operations ORDER BY tenant, key")?;
+        let rows = st.query_map([], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, String>(2)?,
+            ))
+        })?;
         let mut out = Vec::new();
         for row in rows {
-            out.push(serde_json::from_str(&row?)?);
+            let (tenant, key, record) = row?;
+            out.push(Operation::from_record(tenant, key, &record)?);
         }
         Ok(out)
     }
