@@ -266,6 +266,9 @@ pub struct HttpFigures {
     pub p50_ms: f64,
     pub p99_ms: f64,
     pub errors: u64,
+    /// Bytes the server handed to `write`/`pwrite` per admission (WAL, checkpoints, logs
+    /// and responses), when the operating system reports it (Linux `/proc/<pid>/io`).
+    pub written_bytes_per_admission: Option<f64>,
 }
 
 /// The service's configuration for the HTTP benchmark: `tenants` tenants, caller key
@@ -329,7 +332,18 @@ pub fn http(
         }
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    load(&[addr], tenants, connections, requests)
+    let mut figures = load(&[addr], tenants, connections, requests)?;
+    figures.written_bytes_per_admission =
+        written_bytes(_server.0.id()).map(|bytes| bytes as f64 / figures.requests.max(1) as f64);
+    Ok(figures)
+}
+
+/// What a process has written so far (`wchar` of `/proc/<pid>/io`).
+fn written_bytes(pid: u32) -> Option<u64> {
+    let io = std::fs::read_to_string(format!("/proc/{pid}/io")).ok()?;
+    io.lines()
+        .find_map(|l| l.strip_prefix("wchar:"))
+        .and_then(|v| v.trim().parse().ok())
 }
 
 /// As [`http`], with `replicas` servers in this process sharing the PostgreSQL store at
@@ -435,6 +449,7 @@ fn load(
             p50_ms: pct(0.5),
             p99_ms: pct(0.99),
             errors,
+            written_bytes_per_admission: None,
         })
     })
 }

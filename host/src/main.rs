@@ -319,6 +319,9 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
                 "{} admissions over {} connections: {:.0}/s, p50 {:.2} ms, p99 {:.2} ms, {} errors",
                 f.requests, f.connections, f.admissions_per_s, f.p50_ms, f.p99_ms, f.errors
             );
+            if let Some(b) = f.written_bytes_per_admission {
+                println!("server wrote {b:.0} bytes per admission");
+            }
             if json {
                 println!("{}", serde_json::json!(f));
             }
