@@ -595,3 +595,26 @@ fn policy_check_verifies_against_scenarios() {
     assert!(!refused.status.success());
     assert!(String::from_utf8_lossy(&refused.stdout).contains("failed against the candidate"));
 }
+
+#[test]
+fn the_load_benchmark_drives_a_real_server_and_counts_every_answer() {
+    // `tollgate bench http` starts `tollgate serve` as a process and must see every one of
+    // its admissions answered 200 (a generator that misreads responses fails here).
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["bench", "http", "--tenants", "5", "--connections", "4"])
+        .args(["--requests", "400", "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout.lines().find(|l| l.starts_with('{')).unwrap();
+    let figures: Value = serde_json::from_str(line).unwrap();
+    assert_eq!(figures["requests"], 400, "{figures}");
+    assert_eq!(figures["errors"], 0, "{figures}");
+    assert!(figures["admissions_per_s"].as_f64().unwrap() > 0.0);
+    assert!(figures["p99_ms"].as_f64().unwrap() >= figures["p50_ms"].as_f64().unwrap());
+}

@@ -324,17 +324,24 @@ pub fn http(
             let _ = self.0.wait();
         }
     }
-    let _server = Server(child);
+    let mut server = Server(child);
     let started = Instant::now();
     while std::net::TcpStream::connect(addr).is_err() {
+        let log = || std::fs::read_to_string(dir.join("serve.log")).unwrap_or_default();
+        if let Ok(Some(status)) = server.0.try_wait() {
+            return Err(format!("tollgate serve exited ({status}):\n{}", log()));
+        }
         if started.elapsed() > std::time::Duration::from_secs(30) {
-            return Err("tollgate serve did not start listening".into());
+            return Err(format!(
+                "tollgate serve did not start listening:\n{}",
+                log()
+            ));
         }
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     let mut figures = load(&[addr], tenants, connections, requests)?;
     figures.written_bytes_per_admission =
-        written_bytes(_server.0.id()).map(|bytes| bytes as f64 / figures.requests.max(1) as f64);
+        written_bytes(server.0.id()).map(|bytes| bytes as f64 / figures.requests.max(1) as f64);
     Ok(figures)
 }
 
