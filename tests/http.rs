@@ -356,6 +356,13 @@ fn statuses_retry_after_and_auth() {
     assert!(metrics.contains("reason=\"global_concurrency\""));
     assert!(metrics.contains("tollgate_policy_info{name=\"standard\""));
     assert!(metrics.contains("tollgate_policy_call_seconds_bucket"));
+    let batches = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("tollgate_writer_batch_jobs_count "))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .unwrap_or(0);
+    assert!(batches > 0, "{metrics}");
+    assert!(metrics.contains("tollgate_writer_batch_seconds_bucket"));
     assert!(metrics.contains("tollgate_http_responses_total{status=\"413\"}"));
     assert!(s.stop().success());
 }

@@ -1,5 +1,6 @@
 //! Prometheus metrics: decisions by outcome and reason, HTTP answers by status, the policy
-//! version, bucket and slot gauges, and the policy call latency.
+//! version, bucket and slot gauges, the policy call latency, and the writer's batches (the
+//! one writer is where the service saturates first).
 
 use prometheus::{
     Encoder, GaugeVec, Histogram, HistogramOpts, IntCounterVec, Opts, Registry, TextEncoder,
@@ -16,6 +17,10 @@ pub struct Metrics {
     pub slots: GaugeVec,
     pub queues: GaugeVec,
     pub policy_calls: Histogram,
+    /// Jobs per writer transaction.
+    pub batch_jobs: Histogram,
+    /// Time per writer transaction, commit included.
+    pub batch_seconds: Histogram,
 }
 
 impl Metrics {
@@ -64,6 +69,24 @@ impl Metrics {
             ]),
         )
         .unwrap();
+        let batch_jobs = Histogram::with_opts(
+            HistogramOpts::new(
+                "tollgate_writer_batch_jobs",
+                "Jobs committed together in one writer transaction",
+            )
+            .buckets(vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0]),
+        )
+        .unwrap();
+        let batch_seconds = Histogram::with_opts(
+            HistogramOpts::new(
+                "tollgate_writer_batch_seconds",
+                "Time per writer transaction, commit included",
+            )
+            .buckets(vec![
+                0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5,
+            ]),
+        )
+        .unwrap();
         for c in [
             Box::new(decisions.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(responses.clone()),
@@ -72,6 +95,8 @@ impl Metrics {
             Box::new(slots.clone()),
             Box::new(queues.clone()),
             Box::new(policy_calls.clone()),
+            Box::new(batch_jobs.clone()),
+            Box::new(batch_seconds.clone()),
         ] {
             registry.register(c).unwrap();
         }
@@ -84,6 +109,8 @@ impl Metrics {
             slots,
             queues,
             policy_calls,
+            batch_jobs,
+            batch_seconds,
         }
     }
 

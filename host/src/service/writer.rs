@@ -2,6 +2,7 @@
 //! them in batches, one transaction per batch (group commit), each job in its own savepoint.
 //! A job is answered only after its batch committed.
 
+use super::metrics::Metrics;
 use crate::engine::{Answer, Engine, Job};
 use crate::store::AnyStore;
 use std::sync::mpsc;
@@ -25,7 +26,7 @@ pub struct Writer {
 impl Writer {
     /// Starts the writer thread. It ends when every `Writer` handle is dropped, after
     /// finishing (and committing) what it was given.
-    pub fn start(engine: Arc<Engine<AnyStore>>) -> (Writer, JoinHandle<()>) {
+    pub fn start(engine: Arc<Engine<AnyStore>>, metrics: Metrics) -> (Writer, JoinHandle<()>) {
         let (tx, rx) = mpsc::sync_channel::<(Job, Reply)>(QUEUE_BOUND);
         let handle = std::thread::Builder::new()
             .name("tollgate-writer".into())
@@ -44,7 +45,13 @@ impl Writer {
                     if let Ok(Some(now)) = engine.store_clock_ms() {
                         jobs.iter_mut().for_each(|j| j.set_now(now));
                     }
-                    match engine.run_batch(&jobs) {
+                    let started = std::time::Instant::now();
+                    let result = engine.run_batch(&jobs);
+                    metrics.batch_jobs.observe(jobs.len() as f64);
+                    metrics
+                        .batch_seconds
+                        .observe(started.elapsed().as_secs_f64());
+                    match result {
                         Ok(answers) => {
                             for (answer, reply) in answers.into_iter().zip(replies) {
                                 let _ = reply.send(answer.map_err(|e| e.to_string()));
