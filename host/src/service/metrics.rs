@@ -59,34 +59,25 @@ impl Metrics {
             &["tenant"],
         )
         .unwrap();
-        let policy_calls = Histogram::with_opts(
-            HistogramOpts::new(
-                "tollgate_policy_call_seconds",
-                "Policy call latency (instantiate and call)",
-            )
-            .buckets(vec![
+        let policy_calls = histogram(
+            "tollgate_policy_call_seconds",
+            "Policy call latency (instantiate and call)",
+            &[
                 0.00001, 0.00002, 0.00005, 0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05,
-            ]),
-        )
-        .unwrap();
-        let batch_jobs = Histogram::with_opts(
-            HistogramOpts::new(
-                "tollgate_writer_batch_jobs",
-                "Jobs committed together in one writer transaction",
-            )
-            .buckets(vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0]),
-        )
-        .unwrap();
-        let batch_seconds = Histogram::with_opts(
-            HistogramOpts::new(
-                "tollgate_writer_batch_seconds",
-                "Time per writer transaction, commit included",
-            )
-            .buckets(vec![
+            ],
+        );
+        let batch_jobs = histogram(
+            "tollgate_writer_batch_jobs",
+            "Jobs committed together in one writer transaction",
+            &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0],
+        );
+        let batch_seconds = histogram(
+            "tollgate_writer_batch_seconds",
+            "Time per writer transaction, commit included",
+            &[
                 0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5,
-            ]),
-        )
-        .unwrap();
+            ],
+        );
         for c in [
             Box::new(decisions.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(responses.clone()),
@@ -122,6 +113,11 @@ impl Metrics {
             .unwrap_or_default();
         String::from_utf8(out).unwrap_or_default()
     }
+}
+
+fn histogram(name: &str, help: &str, buckets: &[f64]) -> Histogram {
+    Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets.to_vec()))
+        .expect("a valid histogram")
 }
 
 impl Default for Metrics {
