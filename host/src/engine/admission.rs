@@ -7,7 +7,7 @@ use super::{downstream_available, Engine};
 use crate::model::{OpState, Operation, Request, Route};
 use crate::reason::{outcome_http, Outcome, Reason};
 use crate::runtime::{self, Admission, Decider, RefusalReason};
-use crate::store::{Cached, QueuedJob, Store, StoreError, Tx};
+use crate::store::{QueuedJob, Store, StoreError, Tx};
 use crate::validate;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
@@ -142,7 +142,6 @@ impl<S: Store> Engine<S> {
         req: &Request,
         now_ms: i64,
     ) -> Result<Decision, StoreError> {
-        let tx: &mut dyn Tx = &mut Cached::new(tx);
         let fp = fingerprint(req);
         let (attempt, prior) = match existing(tx, req, &fp, now_ms)? {
             Existing::Answer(d) => return Ok(d),

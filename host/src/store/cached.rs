@@ -1,20 +1,21 @@
-//! A read cache over one transaction: the engine reads a tenant's buckets and slots for the
-//! policy's snapshot and again to reserve; inside one transaction the second read is the
-//! first one's answer (writes go through and update it).
+//! A read cache over one piece of work, for PostgreSQL (SQLite keeps its rows in a cache of
+//! its own, `row_cache`): the engine reads a tenant's buckets and slots for the policy's
+//! snapshot and again to reserve; inside one piece the second read is the first one's answer
+//! (writes go through and update it), sparing a round trip to the server.
 
 use super::{QueuedJob, StoreError, Tx};
 use crate::bucket;
 use crate::model::Operation;
 use std::collections::HashMap;
 
-pub struct Cached<'a> {
+pub(super) struct Cached<'a> {
     inner: &'a mut dyn Tx,
     buckets: HashMap<String, Option<bucket::State>>,
     slots: HashMap<String, u32>,
 }
 
 impl<'a> Cached<'a> {
-    pub fn new(inner: &'a mut dyn Tx) -> Self {
+    pub(super) fn new(inner: &'a mut dyn Tx) -> Self {
         Cached {
             inner,
             buckets: HashMap::new(),

@@ -6,12 +6,11 @@
 //! all-or-nothing.
 
 mod cached;
+use cached::Cached;
 pub mod postgres;
 mod row_cache;
 mod schema;
 pub mod sqlite;
-
-pub use cached::Cached;
 
 use crate::bucket;
 use crate::model::Operation;

@@ -4,7 +4,7 @@
 //! serialization failure to retry, nothing a caller could see as a wrong answer). The
 //! database's clock is the one clock for refill and deadlines.
 
-use super::{schema, QueuedJob, Store, StoreError, Tx};
+use super::{schema, Cached, QueuedJob, Store, StoreError, Tx};
 use crate::bucket;
 use crate::model::Operation;
 use postgres::{Client, NoTls, Row, Statement, Transaction};
@@ -127,10 +127,10 @@ impl Store for PgStore {
         let mut tx = self.client.transaction().map_err(StoreError::from)?;
         tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ENGINE_LOCK])
             .map_err(StoreError::from)?;
-        let result = f(&mut PgTx {
+        let result = f(&mut Cached::new(&mut PgTx {
             tx: &mut tx,
             st: &self.statements,
-        })?;
+        }))?;
         tx.commit().map_err(StoreError::from)?;
         Ok(result)
     }
@@ -145,12 +145,13 @@ impl Store for PgStore {
         let mut out = Vec::with_capacity(n);
         for i in 0..n {
             tx.batch_execute("SAVEPOINT item")?;
+            // A read cache per piece: a piece rolled back leaves nothing cached behind.
             let result = f(
                 i,
-                &mut PgTx {
+                &mut Cached::new(&mut PgTx {
                     tx: &mut tx,
                     st: &self.statements,
-                },
+                }),
             );
             if result.is_ok() {
                 tx.batch_execute("RELEASE SAVEPOINT item")?;
