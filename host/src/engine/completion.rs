@@ -85,6 +85,23 @@ impl CompletionAnswer {
     }
 }
 
+/// The operation a `complete` or `reconcile` reports on: it must exist and, when a worker
+/// reports, be that worker's claim.
+fn reported_operation(
+    tx: &mut dyn Tx,
+    tenant: &str,
+    key: &str,
+    worker: &Option<String>,
+) -> Result<Result<Operation, CompletionAnswer>, StoreError> {
+    let Some(op) = tx.operation(tenant, key)? else {
+        return Ok(Err(CompletionAnswer::error("unknown_operation")));
+    };
+    if worker.is_some() && op.worker != *worker {
+        return Ok(Err(CompletionAnswer::error("not_claimed")));
+    }
+    Ok(Ok(op))
+}
+
 fn give_up(reason: &str) -> RetryVerdict {
     RetryVerdict {
         eligible: false,
@@ -130,12 +147,10 @@ impl<S: Store> Engine<S> {
         r: &Reconciliation,
         now_ms: i64,
     ) -> Result<CompletionAnswer, StoreError> {
-        let Some(mut op) = tx.operation(&r.tenant, &r.key)? else {
-            return Ok(CompletionAnswer::error("unknown_operation"));
+        let mut op = match reported_operation(tx, &r.tenant, &r.key, &r.worker)? {
+            Ok(op) => op,
+            Err(refused) => return Ok(refused),
         };
-        if r.worker.is_some() && op.worker != r.worker {
-            return Ok(CompletionAnswer::error("not_claimed"));
-        }
         if op.state != OpState::Unknown {
             return Ok(CompletionAnswer::error("not_unknown"));
         }
@@ -164,12 +179,10 @@ impl<S: Store> Engine<S> {
         c: &Completion,
         now_ms: i64,
     ) -> Result<CompletionAnswer, StoreError> {
-        let Some(mut op) = tx.operation(&c.tenant, &c.key)? else {
-            return Ok(CompletionAnswer::error("unknown_operation"));
+        let mut op = match reported_operation(tx, &c.tenant, &c.key, &c.worker)? {
+            Ok(op) => op,
+            Err(refused) => return Ok(refused),
         };
-        if c.worker.is_some() && op.worker != c.worker {
-            return Ok(CompletionAnswer::error("not_claimed"));
-        }
         if op.state != OpState::Active {
             // Repeating the completion that ended the latest attempt changes nothing.
             return Ok(if op.last_result == Some(c.result) {
