@@ -26,39 +26,36 @@ pub struct Metrics {
 impl Metrics {
     pub fn new() -> Self {
         let registry = Registry::new();
-        let decisions = IntCounterVec::new(
-            Opts::new(
-                "tollgate_decisions_total",
-                "Admission decisions by outcome and reason",
-            ),
+        let decisions = counters(
+            "tollgate_decisions_total",
+            "Admission decisions by outcome and reason",
             &["outcome", "reason"],
-        )
-        .unwrap();
-        let responses = IntCounterVec::new(
-            Opts::new("tollgate_http_responses_total", "HTTP answers by status"),
+        );
+        let responses = counters(
+            "tollgate_http_responses_total",
+            "HTTP answers by status",
             &["status"],
-        )
-        .unwrap();
-        let policy = GaugeVec::new(
-            Opts::new("tollgate_policy_info", "The active policy (value 1)"),
+        );
+        let policy = gauges(
+            "tollgate_policy_info",
+            "The active policy (value 1)",
             &["name", "version", "sha256"],
-        )
-        .unwrap();
-        let buckets = GaugeVec::new(
-            Opts::new("tollgate_bucket_credits", "Whole credits per bucket"),
+        );
+        let buckets = gauges(
+            "tollgate_bucket_credits",
+            "Whole credits per bucket",
             &["bucket"],
-        )
-        .unwrap();
-        let slots = GaugeVec::new(
-            Opts::new("tollgate_slots_in_use", "Calls in flight per scope"),
+        );
+        let slots = gauges(
+            "tollgate_slots_in_use",
+            "Calls in flight per scope",
             &["scope"],
-        )
-        .unwrap();
-        let queues = GaugeVec::new(
-            Opts::new("tollgate_queue_depth", "Queued jobs per tenant"),
+        );
+        let queues = gauges(
+            "tollgate_queue_depth",
+            "Queued jobs per tenant",
             &["tenant"],
-        )
-        .unwrap();
+        );
         let policy_calls = histogram(
             "tollgate_policy_call_seconds",
             "Policy call latency (instantiate and call)",
@@ -113,6 +110,14 @@ impl Metrics {
             .unwrap_or_default();
         String::from_utf8(out).unwrap_or_default()
     }
+}
+
+fn counters(name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    IntCounterVec::new(Opts::new(name, help), labels).expect("a valid counter")
+}
+
+fn gauges(name: &str, help: &str, labels: &[&str]) -> GaugeVec {
+    GaugeVec::new(Opts::new(name, help), labels).expect("a valid gauge")
 }
 
 fn histogram(name: &str, help: &str, buckets: &[f64]) -> Histogram {
