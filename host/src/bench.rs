@@ -269,6 +269,11 @@ pub struct HttpFigures {
     /// Bytes the server handed to `write`/`pwrite` per admission (WAL, checkpoints, logs
     /// and responses), when the operating system reports it (Linux `/proc/<pid>/io`).
     pub written_bytes_per_admission: Option<f64>,
+    /// CPU time (user + system) the server process spent per admission, in microseconds,
+    /// and the part of it spent by the writer thread (Linux `/proc`). Steadier than the
+    /// rate on a shared machine: it does not count time the server waited for a core.
+    pub server_cpu_us_per_admission: Option<f64>,
+    pub writer_cpu_us_per_admission: Option<f64>,
 }
 
 /// The service's configuration for the HTTP benchmark: `tenants` tenants, caller key
@@ -339,11 +344,45 @@ pub fn http(
         }
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
+    let pid = server.0.id();
+    let cpu_before = (
+        cpu_ticks(pid, None),
+        cpu_ticks(pid, Some("tollgate-writer")),
+    );
     let mut figures = load(&[addr], tenants, connections, requests)?;
-    figures.written_bytes_per_admission =
-        written_bytes(server.0.id()).map(|bytes| bytes as f64 / figures.requests.max(1) as f64);
+    let per_admission = |n: u64| n as f64 / figures.requests.max(1) as f64;
+    figures.written_bytes_per_admission = written_bytes(pid).map(per_admission);
+    let us_per_tick = 1e6 / USER_HZ;
+    let spent = |before: Option<u64>, after: Option<u64>| {
+        Some(per_admission(after?.saturating_sub(before?)) * us_per_tick)
+    };
+    figures.server_cpu_us_per_admission = spent(cpu_before.0, cpu_ticks(pid, None));
+    figures.writer_cpu_us_per_admission =
+        spent(cpu_before.1, cpu_ticks(pid, Some("tollgate-writer")));
     Ok(figures)
 }
+
+/// CPU time (user + system, in clock ticks) of a process, or of its thread named `thread`.
+fn cpu_ticks(pid: u32, thread: Option<&str>) -> Option<u64> {
+    let stat = match thread {
+        None => std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?,
+        Some(name) => std::fs::read_dir(format!("/proc/{pid}/task"))
+            .ok()?
+            .flatten()
+            .find(|t| {
+                std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == name)
+            })
+            .and_then(|t| std::fs::read_to_string(t.path().join("stat")).ok())?,
+    };
+    // Fields after the parenthesised command name: utime and stime are the 12th and 13th.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<u64>().ok());
+    Some(ticks(11)? + ticks(12)?)
+}
+
+/// Clock ticks per second of `/proc` CPU times: Linux reports them in `USER_HZ`, which is
+/// 100 on every architecture it runs on.
+const USER_HZ: f64 = 100.0;
 
 /// What a process has written so far (`wchar` of `/proc/<pid>/io`).
 fn written_bytes(pid: u32) -> Option<u64> {
@@ -457,6 +496,8 @@ fn load(
             p99_ms: pct(0.99),
             errors,
             written_bytes_per_admission: None,
+            server_cpu_us_per_admission: None,
+            writer_cpu_us_per_admission: None,
         })
     })
 }

@@ -322,6 +322,13 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             if let Some(b) = f.written_bytes_per_admission {
                 println!("server wrote {b:.0} bytes per admission");
             }
+            if let (Some(all), Some(writer)) =
+                (f.server_cpu_us_per_admission, f.writer_cpu_us_per_admission)
+            {
+                println!(
+                    "server CPU per admission: {all:.1} µs, of which the writer {writer:.1} µs"
+                );
+            }
             if json {
                 println!("{}", serde_json::json!(f));
             }

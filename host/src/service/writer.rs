@@ -6,8 +6,9 @@ use super::metrics::Metrics;
 use crate::engine::{Answer, Engine, Job};
 use crate::store::AnyStore;
 use std::sync::mpsc;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
+use tokio::runtime::Handle;
 use tokio::sync::oneshot;
 
 /// Most jobs in one transaction.
@@ -21,6 +22,8 @@ type Reply = oneshot::Sender<Result<Answer, String>>;
 #[derive(Clone)]
 pub struct Writer {
     tx: mpsc::SyncSender<(Job, Reply)>,
+    /// The runtime the submitters run on, learnt from the first submission.
+    runtime: Arc<OnceLock<Handle>>,
 }
 
 impl Writer {
@@ -28,6 +31,8 @@ impl Writer {
     /// finishing (and committing) what it was given.
     pub fn start(engine: Arc<Engine<AnyStore>>, metrics: Metrics) -> (Writer, JoinHandle<()>) {
         let (tx, rx) = mpsc::sync_channel::<(Job, Reply)>(QUEUE_BOUND);
+        let runtime = Arc::new(OnceLock::<Handle>::new());
+        let replies_runtime = runtime.clone();
         let handle = std::thread::Builder::new()
             .name("tollgate-writer".into())
             .spawn(move || {
@@ -51,26 +56,25 @@ impl Writer {
                     metrics
                         .batch_seconds
                         .observe(started.elapsed().as_secs_f64());
-                    match result {
-                        Ok(answers) => {
-                            for (answer, reply) in answers.into_iter().zip(replies) {
-                                let _ = reply.send(answer.map_err(|e| e.to_string()));
-                            }
-                        }
-                        Err(e) => {
-                            for reply in replies {
-                                let _ = reply.send(Err(e.to_string()));
-                            }
-                        }
-                    }
+                    let answers: Vec<Result<Answer, String>> = match result {
+                        Ok(answers) => answers
+                            .into_iter()
+                            .map(|a| a.map_err(|e| e.to_string()))
+                            .collect(),
+                        Err(e) => replies.iter().map(|_| Err(e.to_string())).collect(),
+                    };
+                    deliver(replies_runtime.get(), replies, answers);
                 }
             })
             .expect("spawn the writer thread");
-        (Writer { tx }, handle)
+        (Writer { tx, runtime }, handle)
     }
 
     /// Submits one job and waits for its committed answer.
     pub async fn submit(&self, job: Job) -> Result<Answer, String> {
+        if self.runtime.get().is_none() {
+            let _ = self.runtime.set(Handle::current());
+        }
         let (reply, answer) = oneshot::channel();
         match self.tx.try_send((job, reply)) {
             Ok(()) => {}
@@ -87,5 +91,23 @@ impl Writer {
         answer
             .await
             .map_err(|_| "the writer dropped the job".to_string())?
+    }
+}
+
+/// Answers a committed batch. Waking a waiting request from outside the runtime costs a
+/// system call whenever a worker sleeps, which is most of the time while the writer is the
+/// busy one; so the batch's answers go to the runtime as one task, which wakes the
+/// requests from inside (one wake-up per batch instead of one per request).
+fn deliver(runtime: Option<&Handle>, replies: Vec<Reply>, answers: Vec<Result<Answer, String>>) {
+    let send_all = move || {
+        for (reply, answer) in replies.into_iter().zip(answers) {
+            let _ = reply.send(answer);
+        }
+    };
+    match runtime {
+        Some(runtime) => {
+            runtime.spawn(async move { send_all() });
+        }
+        None => send_all(),
     }
 }

@@ -52,8 +52,11 @@ impl SqliteStore {
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         conn.busy_timeout(Duration::from_secs(5))?;
-        // 64 MiB of page cache: hot index pages stay in memory at large queue sizes.
-        conn.pragma_update(None, "cache_size", -65536)?;
+        // 8 MiB of page cache. Not more: a commit whose inserts split a B-tree page walks the
+        // whole cache (SQLite renumbers the new pages through a scratch page number, above
+        // the end of the file, and then drops every cached page past the end), so each MiB
+        // costs every such commit; the operating system's page cache serves what falls out.
+        conn.pragma_update(None, "cache_size", -8192)?;
         conn.pragma_update(None, "temp_store", "MEMORY")?;
         Self::init(conn, Some(path.to_path_buf()))
     }
