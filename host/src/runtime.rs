@@ -44,11 +44,20 @@ impl PolicyDigest {
 
 impl fmt::Display for PolicyDigest {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for b in self.0 {
-            write!(f, "{b:02x}")?;
-        }
-        Ok(())
+        f.write_str(&hex(&self.0))
     }
+}
+
+/// Lower-case hex of `bytes`, a table look-up per digit: digests are written out with
+/// every decision, and a formatter call per byte showed in its cost.
+pub fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(2 * bytes.len());
+    for b in bytes {
+        out.push(DIGITS[usize::from(b >> 4)] as char);
+        out.push(DIGITS[usize::from(b & 15)] as char);
+    }
+    out
 }
 
 impl fmt::Debug for PolicyDigest {

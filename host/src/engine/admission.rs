@@ -92,22 +92,16 @@ pub(crate) fn fingerprint(req: &Request) -> String {
     if let Some(f) = &req.fingerprint {
         return format!("caller:{f}");
     }
-    let canonical = serde_json::json!([
+    // A JSON array, compact: the same text as `json!([...]).to_string()`, without the tree.
+    let canonical = serde_json::to_vec(&(
         req.route,
         req.input_tokens,
         req.optional_context_tokens,
         req.max_output_tokens,
-        req.body_ref,
-    ]);
-    let digest = Sha256::digest(canonical.to_string().as_bytes());
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(7 + 2 * digest.len());
-    out.push_str("sha256:");
-    for b in digest {
-        out.push(HEX[usize::from(b >> 4)] as char);
-        out.push(HEX[usize::from(b & 15)] as char);
-    }
-    out
+        &req.body_ref,
+    ))
+    .unwrap_or_default();
+    format!("sha256:{}", runtime::hex(&Sha256::digest(&canonical)))
 }
 
 /// What step 2 found: a final answer, or the attempt a fresh admission would start.

@@ -27,7 +27,7 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
@@ -92,7 +92,11 @@ impl IntoResponse for Refusal {
 }
 
 /// A JSON answer, with `Retry-After` (whole seconds, rounded up) when there is a retry-after.
-fn with_retry_after(status: StatusCode, body: Value, retry_after_ms: Option<u64>) -> Response {
+fn with_retry_after(
+    status: StatusCode,
+    body: impl Serialize,
+    retry_after_ms: Option<u64>,
+) -> Response {
     let mut response = (status, axum::Json(body)).into_response();
     if let Some(ms) = retry_after_ms {
         let secs = ms.div_ceil(1000);
@@ -223,7 +227,7 @@ async fn admit(
     let Answer::Decision(d) = submit(
         &s,
         Job::Admit {
-            request: request.clone(),
+            request,
             now_ms: s.clock.now_ms(),
         },
     )
@@ -236,9 +240,9 @@ async fn admit(
         .decisions
         .with_label_values(&[d.outcome.as_str(), reason])
         .inc();
-    tracing::info!(tenant = %request.tenant, outcome = d.outcome.as_str(), reason, policy = d.policy.as_deref().unwrap_or(""), "decision");
+    tracing::info!(tenant = %tenant, outcome = d.outcome.as_str(), reason, policy = d.policy.as_deref().unwrap_or(""), "decision");
     let status = StatusCode::from_u16(d.http).unwrap_or(StatusCode::OK);
-    Ok(with_retry_after(status, json!(d), d.retry_after_ms))
+    Ok(with_retry_after(status, &d, d.retry_after_ms))
 }
 
 /// Who may complete or reconcile: a caller for its own tenant, or a worker naming the tenant

@@ -47,8 +47,8 @@ impl RowCache {
     }
 
     pub fn set_bucket(&mut self, name: &str, state: bucket::State) {
-        let was_dirty = !self.dirty_buckets.insert(name.to_string());
-        let old = self.buckets.insert(name.to_string(), Some(state));
+        let was_dirty = mark(&mut self.dirty_buckets, name);
+        let old = replace(&mut self.buckets, name, Some(state));
         self.undo
             .push(Undo::Bucket(name.to_string(), old, was_dirty));
     }
@@ -62,8 +62,8 @@ impl RowCache {
     }
 
     pub fn set_slots(&mut self, scope: &str, in_use: u32) {
-        let was_dirty = !self.dirty_slots.insert(scope.to_string());
-        let old = self.slots.insert(scope.to_string(), in_use);
+        let was_dirty = mark(&mut self.dirty_slots, scope);
+        let old = replace(&mut self.slots, scope, in_use);
         self.undo
             .push(Undo::Slots(scope.to_string(), old, was_dirty));
     }
@@ -129,6 +129,20 @@ impl RowCache {
     /// Forgets everything (the database may hold other values than these).
     pub fn clear(&mut self) {
         *self = RowCache::default();
+    }
+}
+
+/// Adds `key` to `set`; whether it was there already. Allocates only for a new key (a
+/// decision sets a handful of rows that are almost always cached).
+fn mark(set: &mut HashSet<String>, key: &str) -> bool {
+    set.contains(key) || !set.insert(key.to_string())
+}
+
+/// Sets `map[key]` to `value` and returns what it held, allocating only for a new key.
+fn replace<V>(map: &mut HashMap<String, V>, key: &str, value: V) -> Option<V> {
+    match map.get_mut(key) {
+        Some(held) => Some(std::mem::replace(held, value)),
+        None => map.insert(key.to_string(), value),
     }
 }
 
