@@ -45,9 +45,28 @@ impl Drop for Checkpointer {
     }
 }
 
+/// Process-wide SQLite settings, applied once before the library is first used: no
+/// memory statistics, which would take a global lock on every allocation SQLite makes
+/// (the statement journal alone allocates on every write of a decision).
+fn configure_sqlite() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: `sqlite3_config` with an `int` argument, before any connection is opened
+        // by this process's store; if the library was already initialised (another user
+        // of SQLite in the process), it refuses with SQLITE_MISUSE and changes nothing.
+        unsafe {
+            rusqlite::ffi::sqlite3_config(
+                rusqlite::ffi::SQLITE_CONFIG_MEMSTATUS,
+                0 as std::ffi::c_int,
+            );
+        }
+    });
+}
+
 impl SqliteStore {
     /// Opens (or creates) a database file in WAL mode.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
+        configure_sqlite();
         let conn = Connection::open(path)?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "NORMAL")?;
@@ -63,6 +82,7 @@ impl SqliteStore {
 
     /// A private in-memory database (scenarios, smoke checks of a candidate policy).
     pub fn in_memory() -> Result<Self, StoreError> {
+        configure_sqlite();
         Self::init(Connection::open_in_memory()?, None)
     }
 
