@@ -624,4 +624,14 @@ fn the_load_benchmark_drives_a_real_server_and_counts_every_answer() {
     assert_eq!(figures["errors"], 0, "{figures}");
     assert!(figures["admissions_per_s"].as_f64().unwrap() > 0.0);
     assert!(figures["p99_ms"].as_f64().unwrap() >= figures["p50_ms"].as_f64().unwrap());
+    // CPU per admission, from `/proc`: the writer thread's share of the process's (read a
+    // moment later, so within one clock tick spread over the 400 admissions).
+    let server = figures["server_cpu_us_per_admission"].as_f64().unwrap();
+    let writer = figures["writer_cpu_us_per_admission"].as_f64().unwrap();
+    let tick_per_admission_us = 1e6 / 100.0 / 400.0;
+    assert!(server > 0.0, "{figures}");
+    assert!(
+        (0.0..=server + tick_per_admission_us).contains(&writer),
+        "{figures}"
+    );
 }
