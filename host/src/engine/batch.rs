@@ -78,7 +78,7 @@ impl<S: Store> Engine<S> {
             .clock_ms()
     }
 
-    /// Runs `jobs` in one store transaction, each in a savepoint of its own, and answers
+    /// Runs `jobs` in one store transaction, each all or nothing on its own, and answers
     /// each. Nothing is answered before the transaction commits.
     pub fn run_batch(&self, jobs: &[Job]) -> Result<Vec<Result<Answer, StoreError>>, StoreError> {
         let policy = self.active_policy();

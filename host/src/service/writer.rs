@@ -1,5 +1,5 @@
 //! The one SQLite writer: jobs from every connection are queued to one thread, which runs
-//! them in batches, one transaction per batch (group commit), each job in its own savepoint.
+//! them in batches, one transaction per batch (group commit), each job all or nothing.
 //! A job is answered only after its batch committed.
 
 use super::metrics::Metrics;

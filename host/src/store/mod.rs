@@ -53,7 +53,9 @@ pub trait Store: Send {
 
     /// Runs `n` pieces of work in one transaction (group commit). Each piece is still all or
     /// nothing: one that fails is rolled back alone and the others commit. The default runs
-    /// each in a transaction of its own.
+    /// each in a transaction of its own. `f` may run more than once for a job (a store may
+    /// undo a whole attempt and run the batch again), so what it does must depend only on
+    /// the store's state and its arguments.
     fn transaction_many<T>(
         &mut self,
         n: usize,

@@ -173,10 +173,66 @@ impl Store for SqliteStore {
         }
     }
 
+    /// Most batches have no failing job, so a batch first runs as one plain transaction:
+    /// a savepoint per job would make SQLite copy every page a job changes into its
+    /// statement journal. If a job fails, that transaction rolls back whole and the batch
+    /// runs again with a savepoint per job, so that only the failing job's work is undone.
+    /// Jobs are decisions over the store's state, so the second run decides the same.
     fn transaction_many<T>(
         &mut self,
         n: usize,
         mut f: impl FnMut(usize, &mut dyn Tx) -> Result<T, StoreError>,
+    ) -> Result<Vec<Result<T, StoreError>>, StoreError> {
+        match self.run_together(n, &mut f)? {
+            Some(all) => Ok(all.into_iter().map(Ok).collect()),
+            None => self.run_each(n, &mut f),
+        }
+    }
+}
+
+impl SqliteStore {
+    /// Runs the jobs in one transaction without savepoints and commits; `None` (and
+    /// nothing written) if a job failed.
+    fn run_together<T>(
+        &mut self,
+        n: usize,
+        f: &mut impl FnMut(usize, &mut dyn Tx) -> Result<T, StoreError>,
+    ) -> Result<Option<Vec<T>>, StoreError> {
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let rows = &mut self.rows;
+        let mut run = |rows: &mut RowCache| -> Result<Option<Vec<T>>, StoreError> {
+            check_data_version(&tx, rows, &mut self.data_version)?;
+            let mut out = Vec::with_capacity(n);
+            for i in 0..n {
+                match f(i, &mut SqliteTx { tx: &tx, rows }) {
+                    Ok(v) => out.push(v),
+                    Err(_) => return Ok(None),
+                }
+                rows.keep();
+            }
+            Ok(Some(out))
+        };
+        match run(rows) {
+            Ok(Some(out)) => commit(tx, rows).map(|()| Some(out)),
+            Ok(None) => {
+                // Dropping `tx` rolls it back: the cache cannot say what SQL holds.
+                rows.clear();
+                Ok(None)
+            }
+            Err(e) => {
+                rows.clear();
+                Err(e)
+            }
+        }
+    }
+
+    /// Runs the jobs in one transaction, each in a savepoint of its own, and commits.
+    fn run_each<T>(
+        &mut self,
+        n: usize,
+        f: &mut impl FnMut(usize, &mut dyn Tx) -> Result<T, StoreError>,
     ) -> Result<Vec<Result<T, StoreError>>, StoreError> {
         let tx = self
             .conn
@@ -577,5 +633,47 @@ mod tests {
             })
             .unwrap();
         assert_eq!(seen[1].as_ref().unwrap(), &None);
+    }
+
+    #[test]
+    fn a_failing_job_rolls_back_alone_and_the_others_apply_exactly_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.db");
+        let mut store = SqliteStore::open(&path).unwrap();
+        let mut calls = 0;
+        let answers = store
+            .transaction_many(4, |i, tx| {
+                calls += 1;
+                // A read-modify-write of a cached row and a write straight to SQL.
+                let n = tx.bucket("n")?.map_or(0, |s| s.balance_micro);
+                tx.set_bucket("n", state(n + 1))?;
+                tx.set_meta(&format!("job{i}"), "done")?;
+                if i == 2 {
+                    return Err(StoreError::Schema("no".into()));
+                }
+                Ok(n)
+            })
+            .unwrap();
+        // Run together up to the failure (rolled back), then job by job.
+        assert_eq!(calls, 3 + 4);
+        let answers: Vec<Option<i64>> = answers.iter().map(|a| a.as_ref().ok().copied()).collect();
+        assert_eq!(answers, vec![Some(0), Some(1), None, Some(2)]);
+        assert_eq!(in_sql(&path, "n"), Some(3));
+        assert_eq!(read(&mut store, "n"), Some(3));
+        let jobs: Vec<Option<String>> = store
+            .transaction(|tx| (0..4).map(|i| tx.meta(&format!("job{i}"))).collect())
+            .unwrap();
+        let done = Some("done".to_string());
+        assert_eq!(jobs, vec![done.clone(), done.clone(), None, done]);
+        // A batch where every job succeeds runs once.
+        calls = 0;
+        let answers = store
+            .transaction_many(3, |_, tx| {
+                calls += 1;
+                tx.set_meta("again", "yes")
+            })
+            .unwrap();
+        assert!(answers.iter().all(Result::is_ok));
+        assert_eq!(calls, 3);
     }
 }
