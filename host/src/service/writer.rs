@@ -6,7 +6,7 @@ use super::metrics::Metrics;
 use crate::engine::{Answer, Engine, Job};
 use crate::store::AnyStore;
 use std::sync::mpsc;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use tokio::runtime::Handle;
 use tokio::sync::oneshot;
@@ -16,14 +16,16 @@ pub const MAX_BATCH: usize = 128;
 /// Jobs waiting for the writer before submitters are slowed down.
 const QUEUE_BOUND: usize = 4096;
 
-type Reply = oneshot::Sender<Result<Answer, String>>;
+/// Where one job's answer goes: its channel, and the runtime its submitter waits on.
+struct Reply {
+    to: oneshot::Sender<Result<Answer, String>>,
+    runtime: Option<Handle>,
+}
 
 /// The handle connections submit jobs through.
 #[derive(Clone)]
 pub struct Writer {
     tx: mpsc::SyncSender<(Job, Reply)>,
-    /// The runtime the submitters run on, learnt from the first submission.
-    runtime: Arc<OnceLock<Handle>>,
 }
 
 impl Writer {
@@ -31,8 +33,6 @@ impl Writer {
     /// finishing (and committing) what it was given.
     pub fn start(engine: Arc<Engine<AnyStore>>, metrics: Metrics) -> (Writer, JoinHandle<()>) {
         let (tx, rx) = mpsc::sync_channel::<(Job, Reply)>(QUEUE_BOUND);
-        let runtime = Arc::new(OnceLock::<Handle>::new());
-        let replies_runtime = runtime.clone();
         let handle = std::thread::Builder::new()
             .name("tollgate-writer".into())
             .spawn(move || {
@@ -63,19 +63,20 @@ impl Writer {
                             .collect(),
                         Err(e) => replies.iter().map(|_| Err(e.to_string())).collect(),
                     };
-                    deliver(replies_runtime.get(), replies, answers);
+                    deliver(replies, answers);
                 }
             })
             .expect("spawn the writer thread");
-        (Writer { tx, runtime }, handle)
+        (Writer { tx }, handle)
     }
 
     /// Submits one job and waits for its committed answer.
     pub async fn submit(&self, job: Job) -> Result<Answer, String> {
-        if self.runtime.get().is_none() {
-            let _ = self.runtime.set(Handle::current());
-        }
-        let (reply, answer) = oneshot::channel();
+        let (to, answer) = oneshot::channel();
+        let reply = Reply {
+            to,
+            runtime: Handle::try_current().ok(),
+        };
         match self.tx.try_send((job, reply)) {
             Ok(()) => {}
             Err(mpsc::TrySendError::Full(item)) => {
@@ -98,10 +99,12 @@ impl Writer {
 /// system call whenever a worker sleeps, which is most of the time while the writer is the
 /// busy one; so the batch's answers go to the runtime as one task, which wakes the
 /// requests from inside (one wake-up per batch instead of one per request).
-fn deliver(runtime: Option<&Handle>, replies: Vec<Reply>, answers: Vec<Result<Answer, String>>) {
+fn deliver(replies: Vec<Reply>, answers: Vec<Result<Answer, String>>) {
+    // The newest submitter's runtime is the one most surely still running.
+    let runtime = replies.iter().rev().find_map(|r| r.runtime.clone());
     let send_all = move || {
         for (reply, answer) in replies.into_iter().zip(answers) {
-            let _ = reply.send(answer);
+            let _ = reply.to.send(answer);
         }
     };
     match runtime {
@@ -109,5 +112,36 @@ fn deliver(runtime: Option<&Handle>, replies: Vec<Reply>, answers: Vec<Result<An
             runtime.spawn(async move { send_all() });
         }
         None => send_all(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::runtime::{builtin, Runtime};
+    use crate::store::SqliteStore;
+
+    #[test]
+    fn answers_reach_a_submitter_whose_runtime_started_after_another_ended() {
+        let runtime = Runtime::new().unwrap();
+        let policy = runtime
+            .load(builtin::get("standard").unwrap(), u64::MAX)
+            .unwrap();
+        let config = Config::from_json(&serde_json::json!({"tenants": {"a": {}}})).unwrap();
+        let store = AnyStore::Sqlite(SqliteStore::in_memory().unwrap());
+        let engine = Engine::new(config, store, runtime, Arc::new(policy));
+        let (writer, thread) = Writer::start(Arc::new(engine), Metrics::new());
+        // Each runtime is gone before the next one submits.
+        for _ in 0..3 {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            let answer = rt.block_on(writer.submit(Job::Levels { now_ms: 0 }));
+            assert!(matches!(answer, Ok(Answer::Inspection(_))), "{answer:?}");
+        }
+        drop(writer);
+        thread.join().unwrap();
     }
 }
