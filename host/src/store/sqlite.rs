@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// A SQLite database owned by this process.
 pub struct SqliteStore {
@@ -35,6 +35,10 @@ const RESTART_WAL_AT: i64 = 12_000;
 /// How long the checkpointer waits for another connection's write or read to end before
 /// it gives up starting the WAL over until next time (the writer waits that long at most).
 const RESTART_PATIENCE: Duration = Duration::from_millis(100);
+/// How long the checkpointer leaves the writer alone after another connection kept it
+/// from starting the WAL over (a long read, say): each attempt costs the writer up to
+/// `RESTART_PATIENCE`.
+const RESTART_BACKOFF: Duration = Duration::from_secs(5);
 
 /// A thread that copies the WAL back into the database file, so that the writer never
 /// waits for a checkpoint's writes and `fsync`. Stops when dropped.
@@ -135,9 +139,14 @@ impl SqliteStore {
         conn.busy_timeout(RESTART_PATIENCE)?;
         let stop = Arc::new((Mutex::new(false), Condvar::new()));
         let flag = stop.clone();
-        let gate = self.gate.clone();
         let restarts = Arc::new(AtomicU64::new(0));
-        let counted = restarts.clone();
+        let mut work = CheckpointWork {
+            conn,
+            gate: self.gate.clone(),
+            restart_at,
+            restarts: restarts.clone(),
+            restart_after: Instant::now(),
+        };
         let thread = std::thread::Builder::new()
             .name("tollgate-checkpoint".into())
             .spawn(move || {
@@ -147,17 +156,7 @@ impl SqliteStore {
                     (done, _) = wake
                         .wait_timeout(done, every)
                         .unwrap_or_else(|e| e.into_inner());
-                    // PASSIVE never blocks the writer; what it cannot copy now it copies
-                    // next time. A failure leaves the WAL to the writer's own bound.
-                    let Ok(frames) = checkpoint(&conn, "PASSIVE") else {
-                        continue;
-                    };
-                    if frames >= restart_at && checkpoint(&conn, "PASSIVE").is_ok() {
-                        let _turn = gate.lock().unwrap_or_else(|e| e.into_inner());
-                        if checkpoint(&conn, "RESTART").is_ok() {
-                            counted.fetch_add(1, Ordering::Relaxed);
-                        }
-                    }
+                    work.run();
                 }
             })
             .map_err(|e| StoreError::Schema(format!("starting the checkpointer: {e}")))?;
@@ -318,11 +317,54 @@ impl SqliteStore {
     }
 }
 
-/// Runs `PRAGMA wal_checkpoint(mode)`; the frames the WAL held.
-fn checkpoint(conn: &Connection, mode: &str) -> Result<i64, StoreError> {
+/// What the checkpoint thread does each time it wakes (see `Checkpointer`).
+struct CheckpointWork {
+    conn: Connection,
+    gate: Arc<Mutex<()>>,
+    restart_at: i64,
+    restarts: Arc<AtomicU64>,
+    /// No restart is tried before this (see `RESTART_BACKOFF`).
+    restart_after: Instant,
+}
+
+impl CheckpointWork {
+    fn run(&mut self) {
+        // PASSIVE never blocks the writer; what it cannot copy now it copies next time. A
+        // failure leaves the WAL to the writer's own bound.
+        let Ok(wal) = checkpoint(&self.conn, "PASSIVE") else {
+            return;
+        };
+        if wal.frames < self.restart_at || Instant::now() < self.restart_after {
+            return;
+        }
+        if checkpoint(&self.conn, "PASSIVE").is_err() {
+            return;
+        }
+        let _turn = self.gate.lock().unwrap_or_else(|e| e.into_inner());
+        match checkpoint(&self.conn, "RESTART") {
+            Ok(wal) if !wal.busy => {
+                self.restarts.fetch_add(1, Ordering::Relaxed);
+            }
+            _ => self.restart_after = Instant::now() + RESTART_BACKOFF,
+        }
+    }
+}
+
+/// What `PRAGMA wal_checkpoint` reports.
+struct WalState {
+    /// The checkpoint could not finish: another connection was in the way.
+    busy: bool,
+    /// Frames in the WAL.
+    frames: i64,
+}
+
+fn checkpoint(conn: &Connection, mode: &str) -> Result<WalState, StoreError> {
     Ok(
         conn.query_row(&format!("PRAGMA wal_checkpoint({mode})"), [], |r| {
-            r.get::<_, i64>(1)
+            Ok(WalState {
+                busy: r.get::<_, i64>(0)? != 0,
+                frames: r.get(1)?,
+            })
         })?,
     )
 }
@@ -731,6 +773,33 @@ mod tests {
             frames < commits / 2,
             "{frames} frames in the WAL after {commits} commits"
         );
+    }
+
+    #[test]
+    fn a_long_reader_elsewhere_does_not_keep_stopping_the_writer() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.db");
+        let mut store = SqliteStore::open(&path).unwrap();
+        store.transaction(|tx| tx.set_meta("m", "x")).unwrap();
+        // Another connection reads the WAL and does not finish: no restart can complete.
+        let reader = Connection::open(&path).unwrap();
+        reader
+            .execute_batch("BEGIN; SELECT count(*) FROM meta;")
+            .unwrap();
+        store
+            .start_checkpointer(Duration::from_millis(5), 1, 1_000_000)
+            .unwrap();
+        let started = std::time::Instant::now();
+        let mut commits = 0;
+        while started.elapsed() < Duration::from_millis(600) {
+            store.transaction(|tx| tx.set_meta("m", "y")).unwrap();
+            commits += 1;
+        }
+        // The attempt waited RESTART_PATIENCE for the reader and reported itself busy: it
+        // is not counted, and the writer went on.
+        assert_eq!(store.wal_restarts(), 0);
+        assert!(commits > 200, "{commits} commits");
+        reader.execute_batch("COMMIT").unwrap();
     }
 
     #[test]
