@@ -33,7 +33,7 @@ const WAL_PAGES_WITH_CHECKPOINTER: u32 = 32_768;
 /// WAL frames past which the background checkpointer starts the WAL over.
 const RESTART_WAL_AT: i64 = 12_000;
 /// How long the checkpointer waits for another connection's write or read to end before
-/// it gives up starting the WAL over until next time (the writer waits that long at most).
+/// it gives up starting the WAL over (the writer waits that long at most).
 const RESTART_PATIENCE: Duration = Duration::from_millis(100);
 /// How long the checkpointer leaves the writer alone after another connection kept it
 /// from starting the WAL over (a long read, say): each attempt costs the writer up to
@@ -70,7 +70,7 @@ impl Drop for Checkpointer {
 
 /// Process-wide SQLite settings, applied once before the library is first used: no
 /// memory statistics, which would take a global lock on every allocation SQLite makes
-/// (the statement journal alone allocates on every write of a decision).
+/// (and it allocates for every statement a decision runs).
 fn configure_sqlite() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
