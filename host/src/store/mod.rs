@@ -45,6 +45,18 @@ pub struct QueuedJob {
 }
 
 /// A backend that runs write transactions.
+/// How the jobs of one batch are kept apart inside its transaction. Most batches have no
+/// failing job, so a store first runs a batch `Together` and, only if a job fails, again
+/// with `Savepoints`: a savepoint per job costs SQLite a statement journal of every page
+/// the job changes, and PostgreSQL two round trips.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Isolation {
+    /// No savepoints: a failing job ends the attempt, which rolls back whole.
+    Together,
+    /// A savepoint per job: a failing job is rolled back alone, the others commit.
+    Savepoints,
+}
+
 pub trait Store: Send {
     /// Runs `f` in one write transaction: committed when it returns `Ok`, rolled back otherwise.
     fn transaction<T, E>(&mut self, f: impl FnOnce(&mut dyn Tx) -> Result<T, E>) -> Result<T, E>

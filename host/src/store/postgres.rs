@@ -4,7 +4,7 @@
 //! serialization failure to retry, nothing a caller could see as a wrong answer). The
 //! database's clock is the one clock for refill and deadlines.
 
-use super::{schema, Cached, QueuedJob, Store, StoreError, Tx};
+use super::{schema, Cached, Isolation, QueuedJob, Store, StoreError, Tx};
 use crate::bucket;
 use crate::model::Operation;
 use postgres::{Client, NoTls, Row, Statement, Transaction};
@@ -135,17 +135,17 @@ impl Store for PgStore {
         Ok(result)
     }
 
-    /// As on SQLite: a batch first runs as one plain transaction (two round trips fewer per
-    /// job than a savepoint each); if a job fails, that transaction rolls back whole and the
-    /// batch runs again with a savepoint per job.
+    /// Together first, with savepoints only if a job failed (see [`Isolation`]).
     fn transaction_many<T>(
         &mut self,
         n: usize,
         mut f: impl FnMut(usize, &mut dyn Tx) -> Result<T, StoreError>,
     ) -> Result<Vec<Result<T, StoreError>>, StoreError> {
-        match self.run_together(n, &mut f)? {
-            Some(all) => Ok(all.into_iter().map(Ok).collect()),
-            None => self.run_each(n, &mut f),
+        match self.run_batch(n, &mut f, Isolation::Together)? {
+            Some(all) => Ok(all),
+            None => Ok(self
+                .run_batch(n, &mut f, Isolation::Savepoints)?
+                .unwrap_or_default()),
         }
     }
 
@@ -159,45 +159,22 @@ impl Store for PgStore {
 }
 
 impl PgStore {
-    /// Runs the jobs in one transaction without savepoints and commits; `None` (and
-    /// nothing written) if a job failed.
-    fn run_together<T>(
+    /// Runs the jobs in one transaction and commits it; `None` (nothing written) when a
+    /// job failed under [`Isolation::Together`].
+    fn run_batch<T>(
         &mut self,
         n: usize,
         f: &mut impl FnMut(usize, &mut dyn Tx) -> Result<T, StoreError>,
-    ) -> Result<Option<Vec<T>>, StoreError> {
+        isolation: Isolation,
+    ) -> Result<Option<Vec<Result<T, StoreError>>>, StoreError> {
+        let savepoints = isolation == Isolation::Savepoints;
         let mut tx = self.client.transaction()?;
         tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ENGINE_LOCK])?;
         let mut out = Vec::with_capacity(n);
         for i in 0..n {
-            let result = f(
-                i,
-                &mut Cached::new(&mut PgTx {
-                    tx: &mut tx,
-                    st: &self.statements,
-                }),
-            );
-            match result {
-                Ok(v) => out.push(v),
-                // Dropping `tx` rolls it back.
-                Err(_) => return Ok(None),
+            if savepoints {
+                tx.batch_execute("SAVEPOINT item")?;
             }
-        }
-        tx.commit()?;
-        Ok(Some(out))
-    }
-
-    /// Runs the jobs in one transaction, each in a savepoint of its own, and commits.
-    fn run_each<T>(
-        &mut self,
-        n: usize,
-        f: &mut impl FnMut(usize, &mut dyn Tx) -> Result<T, StoreError>,
-    ) -> Result<Vec<Result<T, StoreError>>, StoreError> {
-        let mut tx = self.client.transaction()?;
-        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ENGINE_LOCK])?;
-        let mut out = Vec::with_capacity(n);
-        for i in 0..n {
-            tx.batch_execute("SAVEPOINT item")?;
             // A read cache per piece: a piece rolled back leaves nothing cached behind.
             let result = f(
                 i,
@@ -206,15 +183,19 @@ impl PgStore {
                     st: &self.statements,
                 }),
             );
-            if result.is_ok() {
-                tx.batch_execute("RELEASE SAVEPOINT item")?;
-            } else {
-                tx.batch_execute("ROLLBACK TO SAVEPOINT item; RELEASE SAVEPOINT item")?;
+            match (&result, savepoints) {
+                (Ok(_), true) => tx.batch_execute("RELEASE SAVEPOINT item")?,
+                (Err(_), true) => {
+                    tx.batch_execute("ROLLBACK TO SAVEPOINT item; RELEASE SAVEPOINT item")?
+                }
+                (Ok(_), false) => {}
+                // Dropping `tx` rolls it back.
+                (Err(_), false) => return Ok(None),
             }
             out.push(result);
         }
         tx.commit()?;
-        Ok(out)
+        Ok(Some(out))
     }
 }
 

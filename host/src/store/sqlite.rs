@@ -2,7 +2,7 @@
 //! `BEGIN IMMEDIATE`, the schema created and versioned by the host.
 
 use super::row_cache::RowCache;
-use super::{schema, QueuedJob, Store, StoreError, Tx};
+use super::{schema, Isolation, QueuedJob, Store, StoreError, Tx};
 use crate::bucket;
 use crate::model::Operation;
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
@@ -222,11 +222,7 @@ impl Store for SqliteStore {
         }
     }
 
-    /// Most batches have no failing job, so a batch first runs as one plain transaction:
-    /// a savepoint per job would make SQLite copy every page a job changes into its
-    /// statement journal. If a job fails, that transaction rolls back whole and the batch
-    /// runs again with a savepoint per job, so that only the failing job's work is undone.
-    /// Jobs are decisions over the store's state, so the second run decides the same.
+    /// Together first, with savepoints only if a job failed (see [`Isolation`]).
     fn transaction_many<T>(
         &mut self,
         n: usize,
@@ -234,84 +230,60 @@ impl Store for SqliteStore {
     ) -> Result<Vec<Result<T, StoreError>>, StoreError> {
         let gate = self.gate.clone();
         let _turn = gate.lock().unwrap_or_else(|e| e.into_inner());
-        match self.run_together(n, &mut f)? {
-            Some(all) => Ok(all.into_iter().map(Ok).collect()),
-            None => self.run_each(n, &mut f),
+        match self.run_batch(n, &mut f, Isolation::Together)? {
+            Some(all) => Ok(all),
+            None => Ok(self
+                .run_batch(n, &mut f, Isolation::Savepoints)?
+                .unwrap_or_default()),
         }
     }
 }
 
 impl SqliteStore {
-    /// Runs the jobs in one transaction without savepoints and commits; `None` (and
-    /// nothing written) if a job failed.
-    fn run_together<T>(
+    /// Runs the jobs in one transaction and commits it; `None` (nothing written) when a
+    /// job failed under [`Isolation::Together`].
+    fn run_batch<T>(
         &mut self,
         n: usize,
         f: &mut impl FnMut(usize, &mut dyn Tx) -> Result<T, StoreError>,
-    ) -> Result<Option<Vec<T>>, StoreError> {
+        isolation: Isolation,
+    ) -> Result<Option<Vec<Result<T, StoreError>>>, StoreError> {
+        let savepoints = isolation == Isolation::Savepoints;
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)?;
         let rows = &mut self.rows;
-        let mut run = |rows: &mut RowCache| -> Result<Option<Vec<T>>, StoreError> {
-            check_data_version(&tx, rows, &mut self.data_version)?;
-            let mut out = Vec::with_capacity(n);
-            for i in 0..n {
-                match f(i, &mut SqliteTx { tx: &tx, rows }) {
-                    Ok(v) => out.push(v),
-                    Err(_) => return Ok(None),
+        let mut run =
+            |rows: &mut RowCache| -> Result<Option<Vec<Result<T, StoreError>>>, StoreError> {
+                check_data_version(&tx, rows, &mut self.data_version)?;
+                let mut out = Vec::with_capacity(n);
+                for i in 0..n {
+                    if savepoints {
+                        tx.prepare_cached("SAVEPOINT item")?.execute([])?;
+                    }
+                    let result = f(i, &mut SqliteTx { tx: &tx, rows });
+                    if result.is_ok() {
+                        rows.keep();
+                    } else if savepoints {
+                        tx.prepare_cached("ROLLBACK TO item")?.execute([])?;
+                        rows.roll_back();
+                    } else {
+                        return Ok(None);
+                    }
+                    if savepoints {
+                        tx.prepare_cached("RELEASE item")?.execute([])?;
+                    }
+                    out.push(result);
                 }
-                rows.keep();
-            }
-            Ok(Some(out))
-        };
+                Ok(Some(out))
+            };
         match run(rows) {
+            // A failed flush or commit empties the cache (see `commit`).
             Ok(Some(out)) => commit(tx, rows).map(|()| Some(out)),
-            Ok(None) => {
-                // Dropping `tx` rolls it back: the cache cannot say what SQL holds.
+            // Rolled back (dropping `tx` does it): the cache cannot say what SQL holds.
+            other => {
                 rows.clear();
-                Ok(None)
-            }
-            Err(e) => {
-                rows.clear();
-                Err(e)
-            }
-        }
-    }
-
-    /// Runs the jobs in one transaction, each in a savepoint of its own, and commits.
-    fn run_each<T>(
-        &mut self,
-        n: usize,
-        f: &mut impl FnMut(usize, &mut dyn Tx) -> Result<T, StoreError>,
-    ) -> Result<Vec<Result<T, StoreError>>, StoreError> {
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)?;
-        let rows = &mut self.rows;
-        let mut run = |rows: &mut RowCache| -> Result<Vec<Result<T, StoreError>>, StoreError> {
-            check_data_version(&tx, rows, &mut self.data_version)?;
-            let mut out = Vec::with_capacity(n);
-            for i in 0..n {
-                tx.prepare_cached("SAVEPOINT item")?.execute([])?;
-                let result = f(i, &mut SqliteTx { tx: &tx, rows });
-                if result.is_err() {
-                    tx.prepare_cached("ROLLBACK TO item")?.execute([])?;
-                    rows.roll_back();
-                } else {
-                    rows.keep();
-                }
-                tx.prepare_cached("RELEASE item")?.execute([])?;
-                out.push(result);
-            }
-            Ok(out)
-        };
-        match run(rows).and_then(|out| commit(tx, rows).map(|()| out)) {
-            Ok(out) => Ok(out),
-            Err(e) => {
-                // The whole transaction rolled back: the cache cannot say what SQL holds.
-                rows.clear();
-                Err(e)
+                other
             }
         }
     }
