@@ -5,7 +5,7 @@ use serde_json::{json, Value};
 use std::sync::Arc;
 use tollgate::config::Config;
 use tollgate::runtime::{builtin, Runtime};
-use tollgate::store::{SqliteStore, Store};
+use tollgate::store::{SqliteStore, Store, StoreError, Tx};
 use tollgate::Engine;
 
 /// An engine on `store` with a configuration given as JSON and a built-in policy.
@@ -56,4 +56,45 @@ pub fn spawn_serve(args: &[&str]) -> (std::process::Child, String) {
         std::thread::sleep(Duration::from_millis(50));
     }
     (child, base)
+}
+
+/// A batch of four jobs on `store` where the third fails after writing. Each job bumps
+/// bucket `n` (a read-modify-write) and writes meta `job{i}` (straight to the store), and
+/// answers what it read. Returns the answers (`None` for the failed job) and how many times
+/// a job ran.
+pub fn batch_with_a_failing_job(store: &mut impl Store) -> (Vec<Option<i64>>, usize) {
+    let mut calls = 0;
+    let answers = store
+        .transaction_many(4, |i, tx: &mut dyn Tx| {
+            calls += 1;
+            let n = tx.bucket("n")?.map_or(0, |s| s.balance_micro);
+            tx.set_bucket(
+                "n",
+                tollgate::bucket::State {
+                    balance_micro: n + 1,
+                    updated_ms: 0,
+                },
+            )?;
+            tx.set_meta(&format!("job{i}"), "done")?;
+            if i == 2 {
+                return Err(StoreError::Schema("no".into()));
+            }
+            Ok(n)
+        })
+        .unwrap();
+    let answers = answers.iter().map(|a| a.as_ref().ok().copied()).collect();
+    (answers, calls)
+}
+
+/// What [`batch_with_a_failing_job`] left: bucket `n` and meta `job0` to `job3`.
+pub fn batch_left(store: &mut impl Store) -> (Option<i64>, Vec<Option<String>>) {
+    store
+        .transaction(|tx| {
+            let n = tx.bucket("n")?.map(|s| s.balance_micro);
+            let jobs = (0..4)
+                .map(|i| tx.meta(&format!("job{i}")))
+                .collect::<Result<_, _>>()?;
+            Ok::<_, StoreError>((n, jobs))
+        })
+        .unwrap()
 }

@@ -175,3 +175,39 @@ fn killed_process_leaves_a_consistent_store() {
     );
     assert_eq!(i64::from(view.slots["global"]), admitted);
 }
+
+#[test]
+fn a_failing_job_in_a_batch_rolls_back_alone_and_the_others_apply_exactly_once() {
+    use tollgate::store::{SqliteStore, Store};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.db");
+    let mut store = SqliteStore::open(&path).unwrap();
+    let (answers, calls) = common::batch_with_a_failing_job(&mut store);
+    // Run together up to the failure (rolled back), then job by job.
+    assert_eq!(calls, 3 + 4);
+    assert_eq!(answers, vec![Some(0), Some(1), None, Some(2)]);
+    // In SQL, and in the row cache the store reads through.
+    let in_sql: i64 = rusqlite::Connection::open(&path)
+        .unwrap()
+        .query_row(
+            "SELECT balance_micro FROM buckets WHERE name = 'n'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(in_sql, 3);
+    let (n, jobs) = common::batch_left(&mut store);
+    assert_eq!(n, Some(3));
+    let done = Some("done".to_string());
+    assert_eq!(jobs, vec![done.clone(), done.clone(), None, done]);
+    // A batch where every job succeeds runs once.
+    let mut calls = 0;
+    let answers = store
+        .transaction_many(3, |_, tx| {
+            calls += 1;
+            tx.set_meta("again", "yes")
+        })
+        .unwrap();
+    assert!(answers.iter().all(Result::is_ok));
+    assert_eq!(calls, 3);
+}

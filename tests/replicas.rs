@@ -252,42 +252,13 @@ fn workers_on_different_replicas_never_claim_the_same_job() {
 #[test]
 #[ignore = "needs PostgreSQL: .ci/run starts one and runs this with --ignored"]
 fn a_failing_job_in_a_batch_rolls_back_alone_on_postgres() {
-    use tollgate::bucket::State;
-    use tollgate::store::{PgStore, Store, StoreError, Tx};
     let db = Database::create("batch");
-    let mut store = PgStore::open(&db.url()).unwrap();
-    let mut calls = 0;
-    let answers = store
-        .transaction_many(4, |i, tx: &mut dyn Tx| {
-            calls += 1;
-            let n = tx.bucket("n")?.map_or(0, |s| s.balance_micro);
-            tx.set_bucket(
-                "n",
-                State {
-                    balance_micro: n + 1,
-                    updated_ms: 0,
-                },
-            )?;
-            tx.set_meta(&format!("job{i}"), "done")?;
-            if i == 2 {
-                return Err(StoreError::Schema("no".into()));
-            }
-            Ok(n)
-        })
-        .unwrap();
+    let mut store = tollgate::store::PgStore::open(&db.url()).unwrap();
+    let (answers, calls) = common::batch_with_a_failing_job(&mut store);
     // Run together up to the failure (rolled back), then job by job.
     assert_eq!(calls, 3 + 4);
-    let answers: Vec<Option<i64>> = answers.iter().map(|a| a.as_ref().ok().copied()).collect();
     assert_eq!(answers, vec![Some(0), Some(1), None, Some(2)]);
-    let (n, jobs) = store
-        .transaction(|tx| {
-            let n = tx.bucket("n")?.map(|s| s.balance_micro);
-            let jobs: Vec<Option<String>> = (0..4)
-                .map(|i| tx.meta(&format!("job{i}")))
-                .collect::<Result<_, _>>()?;
-            Ok::<_, StoreError>((n, jobs))
-        })
-        .unwrap();
+    let (n, jobs) = common::batch_left(&mut store);
     assert_eq!(n, Some(3));
     let done = Some("done".to_string());
     assert_eq!(jobs, vec![done.clone(), done.clone(), None, done]);

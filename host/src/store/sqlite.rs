@@ -642,6 +642,22 @@ mod tests {
             .unwrap()
     }
 
+    /// Commits `write` in a transaction of its own, again and again for `how_long`; how
+    /// many times.
+    fn commit_for(
+        store: &mut SqliteStore,
+        how_long: Duration,
+        write: impl Fn(&mut dyn Tx) -> Result<(), StoreError>,
+    ) -> i64 {
+        let started = Instant::now();
+        let mut commits = 0;
+        while started.elapsed() < how_long {
+            store.transaction(&write).unwrap();
+            commits += 1;
+        }
+        commits
+    }
+
     fn read(store: &mut SqliteStore, name: &str) -> Option<i64> {
         store
             .transaction(|tx| Ok::<_, StoreError>(tx.bucket(name)?.map(|s| s.balance_micro)))
@@ -721,19 +737,12 @@ mod tests {
         store
             .start_checkpointer(Duration::from_millis(5), 1, 1_000_000)
             .unwrap();
-        let started = std::time::Instant::now();
-        let mut commits = 0;
-        while started.elapsed() < Duration::from_millis(400) {
-            store
-                .transaction(|tx| {
-                    for i in 0..20 {
-                        tx.set_meta(&format!("m{i}"), &"x".repeat(2000))?;
-                    }
-                    Ok::<_, StoreError>(())
-                })
-                .unwrap();
-            commits += 1;
-        }
+        let commits = commit_for(&mut store, Duration::from_millis(400), |tx| {
+            for i in 0..20 {
+                tx.set_meta(&format!("m{i}"), &"x".repeat(2000))?;
+            }
+            Ok(())
+        });
         assert!(store.wal_restarts() > 0);
         // Without restarts the WAL would hold a frame or more per commit.
         let frames: i64 = Connection::open(&path)
@@ -761,58 +770,13 @@ mod tests {
         store
             .start_checkpointer(Duration::from_millis(5), 1, 1_000_000)
             .unwrap();
-        let started = std::time::Instant::now();
-        let mut commits = 0;
-        while started.elapsed() < Duration::from_millis(600) {
-            store.transaction(|tx| tx.set_meta("m", "y")).unwrap();
-            commits += 1;
-        }
+        let commits = commit_for(&mut store, Duration::from_millis(600), |tx| {
+            tx.set_meta("m", "y")
+        });
         // The attempt waited RESTART_PATIENCE for the reader and reported itself busy: it
         // is not counted, and the writer went on.
         assert_eq!(store.wal_restarts(), 0);
         assert!(commits > 200, "{commits} commits");
         reader.execute_batch("COMMIT").unwrap();
-    }
-
-    #[test]
-    fn a_failing_job_rolls_back_alone_and_the_others_apply_exactly_once() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("t.db");
-        let mut store = SqliteStore::open(&path).unwrap();
-        let mut calls = 0;
-        let answers = store
-            .transaction_many(4, |i, tx| {
-                calls += 1;
-                // A read-modify-write of a cached row and a write straight to SQL.
-                let n = tx.bucket("n")?.map_or(0, |s| s.balance_micro);
-                tx.set_bucket("n", state(n + 1))?;
-                tx.set_meta(&format!("job{i}"), "done")?;
-                if i == 2 {
-                    return Err(StoreError::Schema("no".into()));
-                }
-                Ok(n)
-            })
-            .unwrap();
-        // Run together up to the failure (rolled back), then job by job.
-        assert_eq!(calls, 3 + 4);
-        let answers: Vec<Option<i64>> = answers.iter().map(|a| a.as_ref().ok().copied()).collect();
-        assert_eq!(answers, vec![Some(0), Some(1), None, Some(2)]);
-        assert_eq!(in_sql(&path, "n"), Some(3));
-        assert_eq!(read(&mut store, "n"), Some(3));
-        let jobs: Vec<Option<String>> = store
-            .transaction(|tx| (0..4).map(|i| tx.meta(&format!("job{i}"))).collect())
-            .unwrap();
-        let done = Some("done".to_string());
-        assert_eq!(jobs, vec![done.clone(), done.clone(), None, done]);
-        // A batch where every job succeeds runs once.
-        calls = 0;
-        let answers = store
-            .transaction_many(3, |_, tx| {
-                calls += 1;
-                tx.set_meta("again", "yes")
-            })
-            .unwrap();
-        assert!(answers.iter().all(Result::is_ok));
-        assert_eq!(calls, 3);
     }
 }
