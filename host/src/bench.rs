@@ -347,7 +347,7 @@ pub fn http(
     let pid = server.0.id();
     let cpu_before = (
         cpu_ticks(pid, None),
-        cpu_ticks(pid, Some("tollgate-writer")),
+        cpu_ticks(pid, Some(crate::service::WRITER_THREAD)),
     );
     let mut figures = load(&[addr], tenants, connections, requests)?;
     let per_admission = |n: u64| n as f64 / figures.requests.max(1) as f64;
@@ -357,8 +357,10 @@ pub fn http(
         Some(per_admission(after?.saturating_sub(before?)) * us_per_tick)
     };
     figures.server_cpu_us_per_admission = spent(cpu_before.0, cpu_ticks(pid, None));
-    figures.writer_cpu_us_per_admission =
-        spent(cpu_before.1, cpu_ticks(pid, Some("tollgate-writer")));
+    figures.writer_cpu_us_per_admission = spent(
+        cpu_before.1,
+        cpu_ticks(pid, Some(crate::service::WRITER_THREAD)),
+    );
     Ok(figures)
 }
 

@@ -12,7 +12,7 @@ mod writer;
 
 pub use config::{Role, ServeConfig};
 pub use metrics::Metrics;
-pub use writer::Writer;
+pub use writer::{Writer, WRITER_THREAD};
 
 use crate::engine::{Answer, Completion, Engine, Job, Reconciliation};
 use crate::model::{CallResult, Resolution, Usage};

@@ -11,6 +11,8 @@ use std::thread::JoinHandle;
 use tokio::runtime::Handle;
 use tokio::sync::oneshot;
 
+/// The writer thread's name (the HTTP bench finds its CPU time by it).
+pub const WRITER_THREAD: &str = "tollgate-writer";
 /// Most jobs in one transaction.
 pub const MAX_BATCH: usize = 128;
 /// Jobs waiting for the writer before submitters are slowed down.
@@ -34,7 +36,7 @@ impl Writer {
     pub fn start(engine: Arc<Engine<AnyStore>>, metrics: Metrics) -> (Writer, JoinHandle<()>) {
         let (tx, rx) = mpsc::sync_channel::<(Job, Reply)>(QUEUE_BOUND);
         let handle = std::thread::Builder::new()
-            .name("tollgate-writer".into())
+            .name(WRITER_THREAD.into())
             .spawn(move || {
                 while let Ok(first) = rx.recv() {
                     let mut batch = vec![first];
