@@ -635,3 +635,108 @@ fn the_load_benchmark_drives_a_real_server_and_counts_every_answer() {
         "{figures}"
     );
 }
+
+/// Opens `n` connections to `addr` that never send a request.
+fn idle_connections(addr: &str, n: usize) -> Vec<TcpStream> {
+    (0..n).map(|_| TcpStream::connect(addr).unwrap()).collect()
+}
+
+#[test]
+fn connections_past_the_bound_wait_for_a_free_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config();
+    config["limits"]["max_connections"] = json!(4);
+    let s = Server::start(dir.path(), &config);
+    let addr = s.base.trim_start_matches("http://").to_string();
+    let held = idle_connections(&addr, 4);
+    // A fifth connection is not served while the four are open...
+    let waiting = ureq::AgentBuilder::new()
+        .timeout(Duration::from_millis(500))
+        .build()
+        .get(&format!("{}/healthz", s.base))
+        .call();
+    assert!(waiting.is_err(), "served past the bound: {waiting:?}");
+    // ...and is once they close.
+    drop(held);
+    let (status, _, metrics) = s.call("GET", "/metrics", None, None);
+    assert_eq!(status, 200);
+    let open = metrics.as_str().unwrap().lines().find_map(|l| {
+        l.strip_prefix("tollgate_http_connections ")
+            .map(|v| v.parse::<i64>().unwrap())
+    });
+    assert!(matches!(open, Some(1..=4)), "{open:?}");
+    assert!(s.stop().success());
+}
+
+/// CPU time (user + system) of a process so far, in clock ticks.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .unwrap()
+        .1
+        .split_whitespace()
+        .collect();
+    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+}
+
+#[test]
+fn running_out_of_file_descriptors_pauses_accepting_without_spinning() {
+    let dir = tempfile::tempdir().unwrap();
+    let config_path = dir.path().join("config.json");
+    std::fs::write(&config_path, config().to_string()).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let log = dir.path().join("serve.log");
+    // The server may open 48 files; the connection bound (1,000 by default) is far above.
+    let child = Command::new("sh")
+        .args(["-c", "ulimit -n 48 && exec \"$0\" \"$@\""])
+        .arg(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["serve", "--config", config_path.to_str().unwrap()])
+        .args(["--db", dir.path().join("state.db").to_str().unwrap()])
+        .args(["--listen", &addr])
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let s = Server {
+        child,
+        base: format!("http://{addr}"),
+    };
+    let started = Instant::now();
+    while ureq::get(&format!("{}/healthz", s.base)).call().is_err() {
+        assert!(started.elapsed() < Duration::from_secs(30), "no start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // More connections than the server has descriptors left: the rest wait in the backlog.
+    let held = idle_connections(&addr, 80);
+    std::thread::sleep(Duration::from_millis(300));
+    let before = cpu_ticks(s.child.id());
+    std::thread::sleep(Duration::from_secs(2));
+    let used = cpu_ticks(s.child.id()) - before;
+    // Retrying accept at once would keep both cores busy (~400 ticks in 2 s).
+    assert!(
+        used < 50,
+        "{used} ticks of CPU in 2 s while out of descriptors"
+    );
+    let failures = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains("accept failed"))
+        .count();
+    assert!(
+        (1..=5).contains(&failures),
+        "{failures} accept failures logged"
+    );
+    // Once the connections close, the server serves again.
+    drop(held);
+    let started = Instant::now();
+    while ureq::get(&format!("{}/healthz", s.base)).call().is_err() {
+        assert!(started.elapsed() < Duration::from_secs(10), "no recovery");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(s.stop().success());
+}

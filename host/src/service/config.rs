@@ -52,7 +52,15 @@ pub struct ServeConfig {
     pub keys: HashMap<String, Role>,
     /// Built-in policy name or `.wasm` path (default `standard`).
     pub policy: String,
+    /// Connections served at once (`limits.max_connections`).
+    pub max_connections: usize,
 }
+
+/// `limits.max_connections` when the configuration leaves it out: under the common default
+/// of 1,024 open files per process, with room for the store's files and the log.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 1000;
+/// The largest `limits.max_connections` accepted.
+const MOST_CONNECTIONS: u64 = 1_000_000;
 
 impl ServeConfig {
     /// Parses the file's JSON; every error names what is wrong.
@@ -72,6 +80,7 @@ impl ServeConfig {
                 return Err("policy must be a string (a built-in name or a .wasm path)".into())
             }
         };
+        let max_connections = take_max_connections(&mut obj)?;
         let engine =
             Config::from_json(&serde_json::Value::Object(obj)).map_err(|e| e.to_string())?;
         let mut keys = HashMap::new();
@@ -109,7 +118,27 @@ impl ServeConfig {
             engine,
             keys,
             policy,
+            max_connections,
         })
+    }
+}
+
+/// Takes `limits.max_connections` out of the configuration: it belongs to the server, and
+/// the engine's configuration (shared with scenario files) would refuse it as unknown.
+fn take_max_connections(
+    obj: &mut serde_json::Map<String, serde_json::Value>,
+) -> Result<usize, String> {
+    let Some(limits) = obj.get_mut("limits").and_then(|l| l.as_object_mut()) else {
+        return Ok(DEFAULT_MAX_CONNECTIONS);
+    };
+    match limits.remove("max_connections") {
+        None => Ok(DEFAULT_MAX_CONNECTIONS),
+        Some(v) => match v.as_u64() {
+            Some(n @ 1..=MOST_CONNECTIONS) => Ok(n as usize),
+            _ => Err(format!(
+                "limits.max_connections must be an integer from 1 to {MOST_CONNECTIONS}, not {v}"
+            )),
+        },
     }
 }
 
@@ -142,5 +171,25 @@ mod tests {
         );
         assert!(twice.is_err());
         assert!(ServeConfig::from_json(&json!({"auth": {"callerz": {}}})).is_err());
+    }
+
+    #[test]
+    fn max_connections_is_a_server_limit() {
+        let default = ServeConfig::from_json(&json!({"limits": {"max_request_bytes": 10}}));
+        assert_eq!(default.unwrap().max_connections, DEFAULT_MAX_CONNECTIONS);
+        let set = ServeConfig::from_json(&json!({"limits": {"max_connections": 8}})).unwrap();
+        assert_eq!(set.max_connections, 8);
+        for bad in [
+            json!(0),
+            json!(-1),
+            json!(2.5),
+            json!("8"),
+            json!(2_000_000),
+        ] {
+            let err = ServeConfig::from_json(&json!({"limits": {"max_connections": bad}}));
+            assert!(err.unwrap_err().contains("limits.max_connections"), "{bad}");
+        }
+        // Scenario files (the engine's configuration alone) do not know it.
+        assert!(Config::from_json(&json!({"limits": {"max_connections": 8}})).is_err());
     }
 }

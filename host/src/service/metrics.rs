@@ -1,9 +1,11 @@
-//! Prometheus metrics: decisions by outcome and reason, HTTP answers by status, the policy
+//! Prometheus metrics: decisions by outcome and reason, HTTP answers by status and open
+//! connections, the policy
 //! version, bucket and slot gauges, the policy call latency, and the writer's batches (the
 //! one writer is where the service saturates first).
 
 use prometheus::{
-    Encoder, GaugeVec, Histogram, HistogramOpts, IntCounterVec, Opts, Registry, TextEncoder,
+    Encoder, GaugeVec, Histogram, HistogramOpts, IntCounterVec, IntGauge, Opts, Registry,
+    TextEncoder,
 };
 
 /// The service's metrics, registered in a registry of their own.
@@ -12,6 +14,8 @@ pub struct Metrics {
     registry: Registry,
     pub decisions: IntCounterVec,
     pub responses: IntCounterVec,
+    /// Connections open now (at most `limits.max_connections`).
+    pub connections: IntGauge,
     pub policy: GaugeVec,
     pub buckets: GaugeVec,
     pub slots: GaugeVec,
@@ -36,6 +40,11 @@ impl Metrics {
             "HTTP answers by status",
             &["status"],
         );
+        let connections = IntGauge::new(
+            "tollgate_http_connections",
+            "HTTP connections open (at most limits.max_connections)",
+        )
+        .expect("a valid gauge");
         let policy = gauges(
             "tollgate_policy_info",
             "The active policy (value 1)",
@@ -78,6 +87,7 @@ impl Metrics {
         for c in [
             Box::new(decisions.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(responses.clone()),
+            Box::new(connections.clone()),
             Box::new(policy.clone()),
             Box::new(buckets.clone()),
             Box::new(slots.clone()),
@@ -92,6 +102,7 @@ impl Metrics {
             registry,
             decisions,
             responses,
+            connections,
             policy,
             buckets,
             slots,

@@ -6,6 +6,7 @@
 //! on a blocking thread and switch atomically.
 
 mod config;
+mod listen;
 mod metrics;
 mod watch;
 mod writer;
@@ -64,6 +65,8 @@ pub struct AppState {
     pub clock: Clock,
     /// Scenario files every candidate policy must pass before activation.
     pub verify_with: Vec<std::path::PathBuf>,
+    /// Connections served at once (see `listen`).
+    pub max_connections: usize,
 }
 
 /// The service's error answers: `{"outcome": "rejected", "reason": word}`.
@@ -636,6 +639,7 @@ pub fn build_with(
         metrics,
         clock: Clock::default(),
         verify_with,
+        max_connections: config.max_connections,
     });
     set_policy_gauge(&state.engine, &state.metrics);
     Ok((state, handle))
@@ -653,16 +657,14 @@ pub async fn serve(
     let app = router(state.clone());
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut shutdown = std::pin::pin!(shutdown);
+    let mut acceptor = listen::Acceptor::new(
+        listener,
+        state.max_connections,
+        state.metrics.connections.clone(),
+    );
     loop {
         tokio::select! {
-            accepted = listener.accept() => {
-                let (stream, _) = match accepted {
-                    Ok(a) => a,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "accept failed");
-                        continue;
-                    }
-                };
+            (stream, place) = acceptor.accept() => {
                 let _ = stream.set_nodelay(true);
                 let service = hyper_util::service::TowerToHyperService::new(app.clone());
                 let conn = hyper::server::conn::http1::Builder::new()
@@ -672,12 +674,13 @@ pub async fn serve(
                 let conn = graceful.watch(conn);
                 tokio::spawn(async move {
                     let _ = conn.await;
+                    drop(place);
                 });
             }
             _ = &mut shutdown => break,
         }
     }
-    drop(listener);
+    drop(acceptor);
     tracing::info!("shutting down: finishing requests in flight");
     if tokio::time::timeout(Duration::from_secs(30), graceful.shutdown())
         .await
