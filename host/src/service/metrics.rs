@@ -1,7 +1,6 @@
 //! Prometheus metrics: decisions by outcome and reason, HTTP answers by status and open
-//! connections, the policy
-//! version, bucket and slot gauges, the policy call latency, and the writer's batches (the
-//! one writer is where the service saturates first).
+//! connections, the policy version, bucket and slot gauges, the policy call latency, and
+//! the writer's batches (the one writer is where the service saturates first).
 
 use prometheus::{
     Encoder, GaugeVec, Histogram, HistogramOpts, IntCounterVec, IntGauge, Opts, Registry,
