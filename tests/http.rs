@@ -289,6 +289,36 @@ fn statuses_retry_after_and_auth() {
         s.call("GET", "/v1/operations/a%2Fb", Some(CALLER), None).0,
         404
     );
+    // A key whose percent-decoding is not UTF-8: the key is checked first, and every error
+    // answer is JSON, unknown paths and methods included.
+    let refused = |status: u16, reason: &str| (status, json!(reason));
+    let answer = |(status, _, body): (u16, Option<String>, Value)| (status, body["reason"].clone());
+    let bad_key = "/v1/operations/%FF%FE";
+    assert_eq!(
+        answer(s.call("GET", bad_key, None, None)),
+        refused(401, "unauthorized")
+    );
+    assert_eq!(
+        answer(s.call("GET", bad_key, Some(CALLER), None)),
+        refused(400, "invalid_request")
+    );
+    assert_eq!(
+        answer(s.call(
+            "POST",
+            &format!("{bad_key}/complete"),
+            Some(CALLER),
+            Some("{\"result\": \"succeeded\"}")
+        )),
+        refused(400, "invalid_request")
+    );
+    assert_eq!(
+        answer(s.call("GET", "/v1/nothing", None, None)),
+        refused(404, "not_found")
+    );
+    assert_eq!(
+        answer(s.call("GET", "/v1/admit", Some(CALLER), None)),
+        refused(405, "method_not_allowed")
+    );
 
     // Durable: 202, queue bound 429, dispatch by a worker, complete by the claiming worker.
     assert_eq!(s.admit(CALLER, request("d/1", "durable", 10)).0, 202);

@@ -23,8 +23,8 @@ use crate::scenario::resolve_policy;
 use crate::store::AnyStore;
 use crate::validate;
 use axum::body::{Body, Bytes};
-use axum::extract::{Path, Request, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::extract::{FromRequestParts, Path, Request, State};
+use axum::http::{header, request::Parts, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
@@ -126,6 +126,8 @@ pub fn router(state: Shared) -> Router {
         .route("/v1/admin/inspect", get(inspect))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/metrics", get(metrics))
+        .fallback(|| async { refuse(404, "not_found") })
+        .method_not_allowed_fallback(|| async { refuse(405, "method_not_allowed") })
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             count_responses,
@@ -308,12 +310,24 @@ fn completion_response(answer: Answer) -> Result<Response, Refusal> {
     Ok((status, axum::Json(json!(a))).into_response())
 }
 
-fn check_key(key: &str) -> Result<(), Refusal> {
-    let n = key.chars().count();
-    if (1..=validate::MAX_KEY_CHARS).contains(&n) {
-        Ok(())
-    } else {
-        Err(refuse(400, "invalid_request"))
+/// An operation key from the path, percent-decoded; `None` when that is not UTF-8. It never
+/// refuses by itself, so that the key and role checks answer first (see [`check_key`]).
+struct OpKey(Option<String>);
+
+impl<S: Send + Sync> FromRequestParts<S> for OpKey {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        let key = Path::<String>::from_request_parts(parts, state).await;
+        Ok(OpKey(key.ok().map(|Path(k)| k)))
+    }
+}
+
+/// The operation key, when it is UTF-8 of 1 to 255 characters.
+fn check_key(key: OpKey) -> Result<String, Refusal> {
+    match key.0 {
+        Some(k) if (1..=validate::MAX_KEY_CHARS).contains(&k.chars().count()) => Ok(k),
+        _ => Err(refuse(400, "invalid_request")),
     }
 }
 
@@ -321,29 +335,47 @@ fn check_key(key: &str) -> Result<(), Refusal> {
 /// body, a valid operation key, and whom the report is for (tenant, and the worker if any).
 async fn report<T: for<'de> Deserialize<'de>>(
     s: &AppState,
-    key: &str,
+    key: OpKey,
     headers: &HeaderMap,
     body: Body,
     tenant_of: impl FnOnce(&mut T) -> Option<String>,
-) -> Result<(T, String, Option<String>), Refusal> {
+) -> Result<Report<T>, Refusal> {
     let role = role(s, headers)?;
     if role == Role::Admin {
         return Err(refuse(403, "forbidden"));
     }
     let bytes = read_body(headers, body, s.engine.config().max_request_bytes).await?;
     let mut b: T = json_body(&bytes)?;
-    check_key(key)?;
+    let key = check_key(key)?;
     let (tenant, worker) = acting_for(role, tenant_of(&mut b))?;
-    Ok((b, tenant, worker))
+    Ok(Report {
+        body: b,
+        key,
+        tenant,
+        worker,
+    })
+}
+
+/// What [`report`] checked: the body, the operation key, and whom the report is for.
+struct Report<T> {
+    body: T,
+    key: String,
+    tenant: String,
+    worker: Option<String>,
 }
 
 async fn complete(
     State(s): State<Shared>,
-    Path(key): Path<String>,
+    key: OpKey,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, Refusal> {
-    let (b, tenant, worker) = report(&s, &key, &headers, body, |b: &mut CompleteBody| {
+    let Report {
+        body: b,
+        key,
+        tenant,
+        worker,
+    } = report(&s, key, &headers, body, |b: &mut CompleteBody| {
         b.tenant.take()
     })
     .await?;
@@ -371,11 +403,16 @@ async fn complete(
 
 async fn reconcile(
     State(s): State<Shared>,
-    Path(key): Path<String>,
+    key: OpKey,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, Refusal> {
-    let (b, tenant, worker) = report(&s, &key, &headers, body, |b: &mut ReconcileBody| {
+    let Report {
+        body: b,
+        key,
+        tenant,
+        worker,
+    } = report(&s, key, &headers, body, |b: &mut ReconcileBody| {
         b.tenant.take()
     })
     .await?;
@@ -401,13 +438,13 @@ async fn reconcile(
 
 async fn operation(
     State(s): State<Shared>,
-    Path(key): Path<String>,
+    key: OpKey,
     headers: HeaderMap,
 ) -> Result<Response, Refusal> {
     let Role::Caller { tenant } = role(&s, &headers)? else {
         return Err(refuse(403, "forbidden"));
     };
-    check_key(&key)?;
+    let key = check_key(key)?;
     let Answer::Operation(op) = submit(&s, Job::Operation { tenant, key }).await? else {
         return Err(refuse(500, "internal"));
     };
