@@ -55,6 +55,20 @@ pub enum Answer {
 }
 
 impl Job {
+    /// The tenant the job acts for, if any.
+    pub fn tenant(&self) -> Option<&str> {
+        match self {
+            Job::Admit { request, .. } => Some(&request.tenant),
+            Job::Complete { completion, .. } => Some(&completion.tenant),
+            Job::Reconcile { reconciliation, .. } => Some(&reconciliation.tenant),
+            Job::Operation { tenant, .. } => Some(tenant),
+            Job::Dispatch { .. }
+            | Job::SetDownstream { .. }
+            | Job::Inspect { .. }
+            | Job::Levels { .. } => None,
+        }
+    }
+
     /// Sets the job's logical time (a shared store's clock replaces the caller's).
     pub fn set_now(&mut self, now: i64) {
         match self {

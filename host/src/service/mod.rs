@@ -6,6 +6,7 @@
 //! on a blocking thread and switch atomically.
 
 mod config;
+mod intake;
 mod listen;
 mod metrics;
 mod watch;

@@ -1,11 +1,12 @@
 //! The one SQLite writer: jobs from every connection are queued to one thread, which runs
 //! them in batches, one transaction per batch (group commit), each job all or nothing.
-//! A job is answered only after its batch committed.
+//! A job is answered only after its batch committed. Batches are taken from the intake
+//! round robin across tenants (see `intake`).
 
+use super::intake::Intake;
 use super::metrics::Metrics;
 use crate::engine::{Answer, Engine, Job};
 use crate::store::AnyStore;
-use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use tokio::runtime::Handle;
@@ -15,7 +16,7 @@ use tokio::sync::oneshot;
 pub const WRITER_THREAD: &str = "tollgate-writer";
 /// Most jobs in one transaction.
 pub const MAX_BATCH: usize = 128;
-/// Jobs waiting for the writer before submitters are slowed down.
+/// Jobs waiting for the writer before submitters wait for room.
 const QUEUE_BOUND: usize = 4096;
 
 /// Where one job's answer goes: its channel, and the runtime its submitter waits on.
@@ -24,28 +25,47 @@ struct Reply {
     runtime: Option<Handle>,
 }
 
-/// The handle connections submit jobs through.
-#[derive(Clone)]
+/// The handle connections submit jobs through. The writer finishes (and commits) what it
+/// was given and ends once every handle is dropped.
 pub struct Writer {
-    tx: mpsc::SyncSender<(Job, Reply)>,
+    intake: Arc<Intake<(Job, Reply)>>,
+}
+
+impl Clone for Writer {
+    fn clone(&self) -> Self {
+        self.intake.add_sender();
+        Writer {
+            intake: self.intake.clone(),
+        }
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        self.intake.remove_sender();
+    }
+}
+
+/// Closes the intake when the writer thread ends, unwinding included, so that nobody
+/// waits for an answer that will not come.
+struct CloseOnExit<'a>(&'a Intake<(Job, Reply)>);
+
+impl Drop for CloseOnExit<'_> {
+    fn drop(&mut self) {
+        self.0.close();
+    }
 }
 
 impl Writer {
-    /// Starts the writer thread. It ends when every `Writer` handle is dropped, after
-    /// finishing (and committing) what it was given.
+    /// Starts the writer thread.
     pub fn start(engine: Arc<Engine<AnyStore>>, metrics: Metrics) -> (Writer, JoinHandle<()>) {
-        let (tx, rx) = mpsc::sync_channel::<(Job, Reply)>(QUEUE_BOUND);
+        let intake = Arc::new(Intake::new(QUEUE_BOUND));
+        let taken = intake.clone();
         let handle = std::thread::Builder::new()
             .name(WRITER_THREAD.into())
             .spawn(move || {
-                while let Ok(first) = rx.recv() {
-                    let mut batch = vec![first];
-                    while batch.len() < MAX_BATCH {
-                        match rx.try_recv() {
-                            Ok(item) => batch.push(item),
-                            Err(_) => break,
-                        }
-                    }
+                let _close = CloseOnExit(&taken);
+                while let Some(batch) = taken.take(MAX_BATCH) {
                     let (mut jobs, replies): (Vec<Job>, Vec<Reply>) = batch.into_iter().unzip();
                     // Replicas on a shared store all use its clock, so that skewed machine
                     // clocks cannot mint credits.
@@ -69,7 +89,7 @@ impl Writer {
                 }
             })
             .expect("spawn the writer thread");
-        (Writer { tx }, handle)
+        (Writer { intake }, handle)
     }
 
     /// Submits one job and waits for its committed answer.
@@ -79,18 +99,11 @@ impl Writer {
             to,
             runtime: Handle::try_current().ok(),
         };
-        match self.tx.try_send((job, reply)) {
-            Ok(()) => {}
-            Err(mpsc::TrySendError::Full(item)) => {
-                // A full queue blocks the sender: wait off the async threads.
-                let tx = self.tx.clone();
-                tokio::task::spawn_blocking(move || tx.send(item).map_err(|_| ()))
-                    .await
-                    .map_err(|e| e.to_string())?
-                    .map_err(|_| "the writer has stopped".to_string())?;
-            }
-            Err(mpsc::TrySendError::Disconnected(_)) => return Err("the writer has stopped".into()),
-        }
+        let lane = job.tenant().map(str::to_string);
+        self.intake
+            .send(lane, (job, reply))
+            .await
+            .map_err(|_| "the writer has stopped".to_string())?;
         answer
             .await
             .map_err(|_| "the writer dropped the job".to_string())?
