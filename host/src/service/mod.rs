@@ -2,8 +2,9 @@
 //!
 //! Checks run in a fixed order, each answering before anything is read or spent: the key
 //! (401), its role (403), the body size (413, cut off, never read whole), the body's JSON and
-//! types (400). Engine work goes to the one writer thread (group commit); hot swaps compile
-//! on a blocking thread and switch atomically.
+//! types (400). Engine work goes to the one writer thread (group commit), taken round robin
+//! across tenants; hot swaps compile on a blocking thread and switch atomically. Connections
+//! are bounded (`listen`).
 
 mod config;
 mod intake;
