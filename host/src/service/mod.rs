@@ -670,7 +670,7 @@ pub fn build_with(
     engine
         .check_verified(&bytes, &verify_with)
         .map_err(|e| format!("policy {}: {e}", config.policy))?;
-    let (writer, handle) = Writer::start(engine.clone(), metrics.clone());
+    let (writer, handle) = Writer::start(engine.clone(), metrics.clone(), config.max_connections);
     let state = Arc::new(AppState {
         engine,
         writer,

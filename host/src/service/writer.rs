@@ -16,8 +16,11 @@ use tokio::sync::oneshot;
 pub const WRITER_THREAD: &str = "tollgate-writer";
 /// Most jobs in one transaction.
 pub const MAX_BATCH: usize = 128;
-/// Jobs waiting for the writer before submitters wait for room.
+/// Jobs waiting for the writer before submitters wait for room, at least.
 const QUEUE_BOUND: usize = 4096;
+/// Room kept above one job per connection, for jobs of the service's own (metrics, the
+/// policy watcher).
+const SPARE_ROOM: usize = 64;
 
 /// Where one job's answer goes: its channel, and the runtime its submitter waits on.
 struct Reply {
@@ -57,9 +60,16 @@ impl Drop for CloseOnExit<'_> {
 }
 
 impl Writer {
-    /// Starts the writer thread.
-    pub fn start(engine: Arc<Engine<AnyStore>>, metrics: Metrics) -> (Writer, JoinHandle<()>) {
-        let intake = Arc::new(Intake::new(QUEUE_BOUND));
+    /// Starts the writer thread. Each of `connections` has at most one request in flight,
+    /// so the intake has room for all of them: a tenant holding many connections cannot
+    /// keep the others' requests out of their lanes by filling it.
+    pub fn start(
+        engine: Arc<Engine<AnyStore>>,
+        metrics: Metrics,
+        connections: usize,
+    ) -> (Writer, JoinHandle<()>) {
+        let bound = QUEUE_BOUND.max(connections.saturating_add(SPARE_ROOM));
+        let intake = Arc::new(Intake::new(bound));
         let taken = intake.clone();
         let handle = std::thread::Builder::new()
             .name(WRITER_THREAD.into())
@@ -146,7 +156,7 @@ mod tests {
         let config = Config::from_json(&serde_json::json!({"tenants": {"a": {}}})).unwrap();
         let store = AnyStore::Sqlite(SqliteStore::in_memory().unwrap());
         let engine = Engine::new(config, store, runtime, Arc::new(policy));
-        let (writer, thread) = Writer::start(Arc::new(engine), Metrics::new());
+        let (writer, thread) = Writer::start(Arc::new(engine), Metrics::new(), 1);
         // Each runtime is gone before the next one submits.
         for _ in 0..3 {
             let rt = tokio::runtime::Builder::new_current_thread()
