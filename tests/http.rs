@@ -175,8 +175,17 @@ fn statuses_retry_after_and_auth() {
         413,
         "never fits the token bucket"
     );
+    // The server answers without reading the body and closes the connection, so the
+    // request goes out in one write (a client still sending then would get a reset).
     let huge_body = format!(r#"{{"key": "x", "pad": "{}"}}"#, "x".repeat(10_000));
-    let (status, _, body) = s.call("POST", "/v1/admit", Some(CALLER), Some(&huge_body));
+    let (status, body) = raw_exchange(
+        &s.base,
+        &format!(
+            "POST /v1/admit HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {CALLER}\r\n\
+             Content-Length: {}\r\n\r\n{huge_body}",
+            huge_body.len()
+        ),
+    );
     assert_eq!((status, body["reason"].clone()), (413, json!("too_large")));
 
     // A deadline that cannot be met: 504, nothing spent.
@@ -664,6 +673,99 @@ fn the_load_benchmark_drives_a_real_server_and_counts_every_answer() {
         (0.0..=server + tick_per_admission_us).contains(&writer),
         "{figures}"
     );
+}
+
+/// Sends `request` in one write on a connection of its own and reads one answer: its
+/// status and JSON body.
+fn raw_exchange(base: &str, request: &str) -> (u16, Value) {
+    let mut stream = TcpStream::connect(base.trim_start_matches("http://")).unwrap();
+    stream.write_all(request.as_bytes()).unwrap();
+    read_answer(&mut stream)
+}
+
+/// Reads one HTTP answer from `stream`: its status and JSON body.
+fn read_answer(stream: &mut TcpStream) -> (u16, Value) {
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let mut answer = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let text = String::from_utf8_lossy(&answer);
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let length = head
+                .lines()
+                .find_map(|l| {
+                    l.to_ascii_lowercase()
+                        .strip_prefix("content-length:")?
+                        .trim()
+                        .parse()
+                        .ok()
+                })
+                .unwrap_or(0usize);
+            if body.len() >= length {
+                let status = head.get(9..12).and_then(|s| s.parse().ok()).unwrap_or(0);
+                return (status, serde_json::from_str(body).unwrap_or(Value::Null));
+            }
+        }
+        match stream.read(&mut chunk) {
+            Ok(n @ 1..) => answer.extend_from_slice(&chunk[..n]),
+            other => panic!("the answer ended early ({other:?}): {text}"),
+        }
+    }
+}
+
+#[test]
+fn a_client_still_sending_a_refused_body_sees_the_413() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path(), &config());
+    let addr = s.base.trim_start_matches("http://").to_string();
+    let head = |extra: &str, length: usize| {
+        format!(
+            "POST /v1/admit HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {CALLER}\r\n\
+             {extra}Content-Length: {length}\r\n\r\n"
+        )
+    };
+    // The body follows the headers after a pause (as from a client streaming a file): the
+    // server reads and throws it away, then answers, instead of resetting the connection
+    // under a client that has not finished writing.
+    let mut stream = TcpStream::connect(&addr).unwrap();
+    stream.write_all(head("", 5_000_000).as_bytes()).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    stream.write_all(&vec![b'x'; 5_000_000]).unwrap();
+    assert_eq!(read_answer(&mut stream).0, 413);
+    // A client that waits for `100 Continue` is answered 413 without sending the body.
+    let mut stream = TcpStream::connect(&addr).unwrap();
+    let waiting = head("Expect: 100-continue\r\n", 300_000);
+    stream.write_all(waiting.as_bytes()).unwrap();
+    let (status, body) = read_answer(&mut stream);
+    assert_eq!((status, body["reason"].clone()), (413, json!("too_large")));
+    // A chunked body over the limit is cut off: the answer comes, and the connection ends
+    // long before the client could send all it had.
+    let mut stream = TcpStream::connect(&addr).unwrap();
+    stream
+        .write_all(
+            head("Transfer-Encoding: chunked\r\n", 0)
+                .replace("Content-Length: 0\r\n", "")
+                .as_bytes(),
+        )
+        .unwrap();
+    let mut sender = stream.try_clone().unwrap();
+    let sending = std::thread::spawn(move || {
+        let chunk = format!("10000\r\n{}\r\n", "x".repeat(0x10000));
+        let mut sent = 0usize;
+        while sent < 256 << 20 && sender.write_all(chunk.as_bytes()).is_ok() {
+            sent += 0x10000;
+        }
+        sent
+    });
+    let (status, body) = read_answer(&mut stream);
+    assert_eq!((status, body["reason"].clone()), (413, json!("too_large")));
+    let sent = sending.join().unwrap();
+    assert!(sent < 256 << 20, "the server read all {sent} bytes");
+    let inspect = s.call("GET", "/v1/admin/inspect", Some(ADMIN), None).2;
+    assert_eq!(inspect["buckets"]["tenant.acme.requests"], 100);
+    assert!(s.stop().success());
 }
 
 /// Opens `n` connections to `addr` that never send a request.

@@ -30,6 +30,7 @@ use axum::http::{header, request::Parts, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
+use http_body_util::BodyExt;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -163,30 +164,67 @@ fn role(s: &AppState, headers: &HeaderMap) -> Result<Role, Refusal> {
         .ok_or_else(|| refuse(401, "unauthorized"))
 }
 
-/// Reads a body of at most `limit` bytes within [`BODY_TIMEOUT`]; larger bodies are cut off.
-async fn read_body(headers: &HeaderMap, body: Body, limit: u64) -> Result<Bytes, Refusal> {
+/// Reads a body of at most `limit` bytes within [`BODY_TIMEOUT`]; larger bodies are cut off
+/// (see [`drain`]).
+async fn read_body(headers: &HeaderMap, mut body: Body, limit: u64) -> Result<Bytes, Refusal> {
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > limit) {
+        // A client waiting for `100 Continue` has sent nothing yet: it gets the 413 instead.
+        let waits = headers
+            .get(header::EXPECT)
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+        if !waits {
+            drain(&mut body).await;
+        }
         return Err(refuse(413, "too_large"));
     }
-    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
-    match tokio::time::timeout(BODY_TIMEOUT, axum::body::to_bytes(body, limit)).await {
-        Err(_) => Err(refuse(408, "timeout")),
-        Ok(Err(e)) => {
-            let too_large = std::error::Error::source(&e)
-                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>())
-                || e.to_string().contains("length limit");
-            Err(if too_large {
-                refuse(413, "too_large")
-            } else {
-                refuse(400, "invalid_request")
-            })
+    let read = async {
+        let mut bytes = Vec::new();
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|_| refuse(400, "invalid_request"))?;
+            if let Some(data) = frame.data_ref() {
+                if (bytes.len() + data.len()) as u64 > limit {
+                    return Err(refuse(413, "too_large"));
+                }
+                bytes.extend_from_slice(data);
+            }
         }
-        Ok(Ok(bytes)) => Ok(bytes),
+        Ok(Bytes::from(bytes))
+    };
+    match tokio::time::timeout(BODY_TIMEOUT, read).await {
+        Err(_) => Err(refuse(408, "timeout")),
+        Ok(Err(refusal)) if refusal.status == StatusCode::PAYLOAD_TOO_LARGE => {
+            drain(&mut body).await;
+            Err(refusal)
+        }
+        Ok(result) => result,
     }
+}
+
+/// At most this much of a refused body is read and thrown away before the 413...
+const DRAIN_BYTES: usize = 8 << 20;
+/// ...and for at most this long.
+const DRAIN_TIME: Duration = Duration::from_secs(2);
+
+/// Reads and throws away what a client is still sending of a refused body, within
+/// [`DRAIN_BYTES`] and [`DRAIN_TIME`]. A client that writes its whole body before reading
+/// the answer (most do, unless they send `Expect: 100-continue`) would otherwise have its
+/// connection reset under it and never see the 413; past the bounds, it is cut off.
+async fn drain(body: &mut Body) {
+    let mut left = DRAIN_BYTES;
+    let _ = tokio::time::timeout(DRAIN_TIME, async {
+        while let Some(Ok(frame)) = body.frame().await {
+            let n = frame.data_ref().map_or(0, |d| d.len());
+            left = left.saturating_sub(n);
+            if left == 0 {
+                break;
+            }
+        }
+    })
+    .await;
 }
 
 fn json_body<T: for<'de> Deserialize<'de>>(bytes: &Bytes) -> Result<T, Refusal> {
@@ -372,24 +410,19 @@ async fn complete(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, Refusal> {
-    let Report {
-        body: b,
-        key,
-        tenant,
-        worker,
-    } = report(&s, key, &headers, body, |b: &mut CompleteBody| {
+    let r = report(&s, key, &headers, body, |b: &mut CompleteBody| {
         b.tenant.take()
     })
     .await?;
     let completion = Completion {
-        tenant,
-        key,
-        result: b.result,
-        usage: b.usage,
-        failure: b.failure,
-        provider_retry_after_ms: b.provider_retry_after_ms,
-        result_ref: b.result_ref,
-        worker,
+        tenant: r.tenant,
+        key: r.key,
+        result: r.body.result,
+        usage: r.body.usage,
+        failure: r.body.failure,
+        provider_retry_after_ms: r.body.provider_retry_after_ms,
+        result_ref: r.body.result_ref,
+        worker: r.worker,
     };
     completion_response(
         submit(
@@ -409,22 +442,17 @@ async fn reconcile(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, Refusal> {
-    let Report {
-        body: b,
-        key,
-        tenant,
-        worker,
-    } = report(&s, key, &headers, body, |b: &mut ReconcileBody| {
+    let r = report(&s, key, &headers, body, |b: &mut ReconcileBody| {
         b.tenant.take()
     })
     .await?;
     let reconciliation = Reconciliation {
-        tenant,
-        key,
-        resolution: b.resolution.into(),
-        usage: b.usage,
-        result_ref: b.result_ref,
-        worker,
+        tenant: r.tenant,
+        key: r.key,
+        resolution: r.body.resolution.into(),
+        usage: r.body.usage,
+        result_ref: r.body.result_ref,
+        worker: r.worker,
     };
     completion_response(
         submit(
