@@ -44,7 +44,6 @@ pub struct QueuedJob {
     pub expire_at_ms: i64,
 }
 
-/// A backend that runs write transactions.
 /// How the jobs of one batch are kept apart inside its transaction. Most batches have no
 /// failing job, so a store first runs a batch `Together` and, only if a job fails, again
 /// with `Savepoints`: a savepoint per job costs SQLite a statement journal of every page
@@ -57,6 +56,21 @@ pub(crate) enum Isolation {
     Savepoints,
 }
 
+/// The results of one batch under `Isolation`; `None` when a job failed under `Together`
+/// (nothing was written).
+pub(crate) type BatchAttempt<T> = Result<Option<Vec<Result<T, StoreError>>>, StoreError>;
+
+/// Runs a batch `Together`, and again with `Savepoints` only if a job failed.
+pub(crate) fn together_then_apart<T>(
+    mut attempt: impl FnMut(Isolation) -> BatchAttempt<T>,
+) -> Result<Vec<Result<T, StoreError>>, StoreError> {
+    match attempt(Isolation::Together)? {
+        Some(all) => Ok(all),
+        None => Ok(attempt(Isolation::Savepoints)?.unwrap_or_default()),
+    }
+}
+
+/// A backend that runs write transactions.
 pub trait Store: Send {
     /// Runs `f` in one write transaction: committed when it returns `Ok`, rolled back otherwise.
     fn transaction<T, E>(&mut self, f: impl FnOnce(&mut dyn Tx) -> Result<T, E>) -> Result<T, E>

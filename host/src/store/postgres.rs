@@ -4,7 +4,9 @@
 //! serialization failure to retry, nothing a caller could see as a wrong answer). The
 //! database's clock is the one clock for refill and deadlines.
 
-use super::{schema, Cached, Isolation, QueuedJob, Store, StoreError, Tx};
+use super::{
+    schema, together_then_apart, BatchAttempt, Cached, Isolation, QueuedJob, Store, StoreError, Tx,
+};
 use crate::bucket;
 use crate::model::Operation;
 use postgres::{Client, NoTls, Row, Statement, Transaction};
@@ -141,12 +143,7 @@ impl Store for PgStore {
         n: usize,
         mut f: impl FnMut(usize, &mut dyn Tx) -> Result<T, StoreError>,
     ) -> Result<Vec<Result<T, StoreError>>, StoreError> {
-        match self.run_batch(n, &mut f, Isolation::Together)? {
-            Some(all) => Ok(all),
-            None => Ok(self
-                .run_batch(n, &mut f, Isolation::Savepoints)?
-                .unwrap_or_default()),
-        }
+        together_then_apart(|isolation| self.run_batch(n, &mut f, isolation))
     }
 
     fn clock_ms(&mut self) -> Result<Option<i64>, StoreError> {
@@ -166,7 +163,7 @@ impl PgStore {
         n: usize,
         f: &mut impl FnMut(usize, &mut dyn Tx) -> Result<T, StoreError>,
         isolation: Isolation,
-    ) -> Result<Option<Vec<Result<T, StoreError>>>, StoreError> {
+    ) -> BatchAttempt<T> {
         let savepoints = isolation == Isolation::Savepoints;
         let mut tx = self.client.transaction()?;
         tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ENGINE_LOCK])?;

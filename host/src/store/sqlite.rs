@@ -2,7 +2,9 @@
 //! `BEGIN IMMEDIATE`, the schema created and versioned by the host.
 
 use super::row_cache::RowCache;
-use super::{schema, Isolation, QueuedJob, Store, StoreError, Tx};
+use super::{
+    schema, together_then_apart, BatchAttempt, Isolation, QueuedJob, Store, StoreError, Tx,
+};
 use crate::bucket;
 use crate::model::Operation;
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
@@ -230,12 +232,7 @@ impl Store for SqliteStore {
     ) -> Result<Vec<Result<T, StoreError>>, StoreError> {
         let gate = self.gate.clone();
         let _turn = gate.lock().unwrap_or_else(|e| e.into_inner());
-        match self.run_batch(n, &mut f, Isolation::Together)? {
-            Some(all) => Ok(all),
-            None => Ok(self
-                .run_batch(n, &mut f, Isolation::Savepoints)?
-                .unwrap_or_default()),
-        }
+        together_then_apart(|isolation| self.run_batch(n, &mut f, isolation))
     }
 }
 
@@ -247,36 +244,35 @@ impl SqliteStore {
         n: usize,
         f: &mut impl FnMut(usize, &mut dyn Tx) -> Result<T, StoreError>,
         isolation: Isolation,
-    ) -> Result<Option<Vec<Result<T, StoreError>>>, StoreError> {
+    ) -> BatchAttempt<T> {
         let savepoints = isolation == Isolation::Savepoints;
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)?;
         let rows = &mut self.rows;
-        let mut run =
-            |rows: &mut RowCache| -> Result<Option<Vec<Result<T, StoreError>>>, StoreError> {
-                check_data_version(&tx, rows, &mut self.data_version)?;
-                let mut out = Vec::with_capacity(n);
-                for i in 0..n {
-                    if savepoints {
-                        tx.prepare_cached("SAVEPOINT item")?.execute([])?;
-                    }
-                    let result = f(i, &mut SqliteTx { tx: &tx, rows });
-                    if result.is_ok() {
-                        rows.keep();
-                    } else if savepoints {
-                        tx.prepare_cached("ROLLBACK TO item")?.execute([])?;
-                        rows.roll_back();
-                    } else {
-                        return Ok(None);
-                    }
-                    if savepoints {
-                        tx.prepare_cached("RELEASE item")?.execute([])?;
-                    }
-                    out.push(result);
+        let mut run = |rows: &mut RowCache| -> BatchAttempt<T> {
+            check_data_version(&tx, rows, &mut self.data_version)?;
+            let mut out = Vec::with_capacity(n);
+            for i in 0..n {
+                if savepoints {
+                    tx.prepare_cached("SAVEPOINT item")?.execute([])?;
                 }
-                Ok(Some(out))
-            };
+                let result = f(i, &mut SqliteTx { tx: &tx, rows });
+                if result.is_ok() {
+                    rows.keep();
+                } else if savepoints {
+                    tx.prepare_cached("ROLLBACK TO item")?.execute([])?;
+                    rows.roll_back();
+                } else {
+                    return Ok(None);
+                }
+                if savepoints {
+                    tx.prepare_cached("RELEASE item")?.execute([])?;
+                }
+                out.push(result);
+            }
+            Ok(Some(out))
+        };
         match run(rows) {
             // A failed flush or commit empties the cache (see `commit`).
             Ok(Some(out)) => commit(tx, rows).map(|()| Some(out)),
