@@ -57,10 +57,12 @@ impl<T> Intake<T> {
     pub async fn send(&self, lane: Lane, job: T) -> Result<(), Closed> {
         self.room.acquire().await.map_err(|_| Closed)?.forget();
         let mut lanes = self.lock();
-        let queue = lanes.waiting.entry(lane.clone()).or_default();
-        queue.push_back(job);
-        if queue.len() == 1 {
-            lanes.turns.push_back(lane);
+        match lanes.waiting.get_mut(&lane) {
+            Some(queue) => queue.push_back(job),
+            None => {
+                lanes.waiting.insert(lane.clone(), VecDeque::from([job]));
+                lanes.turns.push_back(lane);
+            }
         }
         // Waking costs a system call: only when the writer sleeps.
         if lanes.writer_waits {

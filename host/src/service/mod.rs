@@ -181,26 +181,17 @@ async fn read_body(headers: &HeaderMap, mut body: Body, limit: u64) -> Result<By
         }
         return Err(refuse(413, "too_large"));
     }
-    let read = async {
-        let mut bytes = Vec::new();
-        while let Some(frame) = body.frame().await {
-            let frame = frame.map_err(|_| refuse(400, "invalid_request"))?;
-            if let Some(data) = frame.data_ref() {
-                if (bytes.len() + data.len()) as u64 > limit {
-                    return Err(refuse(413, "too_large"));
-                }
-                bytes.extend_from_slice(data);
-            }
-        }
-        Ok(Bytes::from(bytes))
-    };
+    // Limited over a borrow: past the limit, the rest of the body is still there to drain.
+    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+    let read = http_body_util::Limited::new(&mut body, limit).collect();
     match tokio::time::timeout(BODY_TIMEOUT, read).await {
         Err(_) => Err(refuse(408, "timeout")),
-        Ok(Err(refusal)) if refusal.status == StatusCode::PAYLOAD_TOO_LARGE => {
+        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
             drain(&mut body).await;
-            Err(refusal)
+            Err(refuse(413, "too_large"))
         }
-        Ok(result) => result,
+        Ok(Err(_)) => Err(refuse(400, "invalid_request")),
     }
 }
 
