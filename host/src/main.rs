@@ -5,17 +5,17 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
+use tollgate::config::Config;
+use tollgate::runtime::Runtime;
+use tollgate::scenario::{self, Runner, Scenario};
+use tollgate::store::{AnyStore, PgStore, SqliteStore};
+use tollgate::Engine;
 
 /// Requests allocate many small blocks on the runtime's threads that the writer thread
 /// frees, and the writer allocates for every decision: mimalloc is markedly cheaper at both
 /// than the system allocator.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-use tollgate::config::Config;
-use tollgate::runtime::Runtime;
-use tollgate::scenario::{self, Runner, Scenario};
-use tollgate::store::{AnyStore, PgStore, SqliteStore};
-use tollgate::Engine;
 
 #[derive(Parser)]
 #[command(
