@@ -32,18 +32,31 @@ pub fn request(tenant: &str, key: &str, route: &str, tokens: u64, deadline_ms: i
 /// Starts `tollgate serve` with `args` on a free loopback port and waits until it answers
 /// `/healthz`; returns the process and its base URL.
 pub fn spawn_serve(args: &[&str]) -> (std::process::Child, String) {
+    spawn_serve_via(args, |program| {
+        let mut command = std::process::Command::new(program);
+        command
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        command
+    })
+}
+
+/// As [`spawn_serve`], started by the command `launch` makes from the executable's path
+/// (a shell that lowers a limit first, say); the arguments are added to it.
+pub fn spawn_serve_via(
+    args: &[&str],
+    launch: impl FnOnce(&str) -> std::process::Command,
+) -> (std::process::Child, String) {
     use std::time::{Duration, Instant};
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port();
-    let child = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+    let child = launch(env!("CARGO_BIN_EXE_tollgate"))
         .arg("serve")
         .args(args)
         .args(["--listen", &format!("127.0.0.1:{port}")])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
     let base = format!("http://127.0.0.1:{port}");

@@ -800,52 +800,34 @@ fn connections_past_the_bound_wait_for_a_free_place() {
     assert!(s.stop().success());
 }
 
-/// CPU time (user + system) of a process so far, in clock ticks.
-fn cpu_ticks(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .unwrap()
-        .1
-        .split_whitespace()
-        .collect();
-    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
-}
-
 #[test]
 fn running_out_of_file_descriptors_pauses_accepting_without_spinning() {
     let dir = tempfile::tempdir().unwrap();
     let config_path = dir.path().join("config.json");
     std::fs::write(&config_path, config().to_string()).unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let addr = format!("127.0.0.1:{port}");
     let log = dir.path().join("serve.log");
     // The server may open 48 files; the connection bound (1,000 by default) is far above.
-    let child = Command::new("sh")
-        .args(["-c", "ulimit -n 48 && exec \"$0\" \"$@\""])
-        .arg(env!("CARGO_BIN_EXE_tollgate"))
-        .args(["serve", "--config", config_path.to_str().unwrap()])
-        .args(["--db", dir.path().join("state.db").to_str().unwrap()])
-        .args(["--listen", &addr])
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    let s = Server {
-        child,
-        base: format!("http://{addr}"),
-    };
-    let started = Instant::now();
-    while ureq::get(&format!("{}/healthz", s.base)).call().is_err() {
-        assert!(started.elapsed() < Duration::from_secs(30), "no start");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let (child, base) = common::spawn_serve_via(
+        &[
+            "--config",
+            config_path.to_str().unwrap(),
+            "--db",
+            dir.path().join("state.db").to_str().unwrap(),
+        ],
+        |program| {
+            let mut command = Command::new("sh");
+            command
+                .args(["-c", "ulimit -n 48 && exec \"$0\" \"$@\"", program])
+                .stderr(std::fs::File::create(&log).unwrap());
+            command
+        },
+    );
+    let s = Server { child, base };
+    let addr = s.base.trim_start_matches("http://").to_string();
     // More connections than the server has descriptors left: the rest wait in the backlog.
     let held = idle_connections(&addr, 80);
     std::thread::sleep(Duration::from_millis(300));
+    let cpu_ticks = |pid| tollgate::bench::cpu_ticks(pid, None).unwrap();
     let before = cpu_ticks(s.child.id());
     std::thread::sleep(Duration::from_secs(2));
     let used = cpu_ticks(s.child.id()) - before;

@@ -365,7 +365,7 @@ pub fn http(
 }
 
 /// CPU time (user + system, in clock ticks) of a process, or of its thread named `thread`.
-fn cpu_ticks(pid: u32, thread: Option<&str>) -> Option<u64> {
+pub fn cpu_ticks(pid: u32, thread: Option<&str>) -> Option<u64> {
     let stat = match thread {
         None => std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?,
         Some(name) => std::fs::read_dir(format!("/proc/{pid}/task"))
