@@ -633,8 +633,11 @@ fn serve(
     let filter =
         tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
     // Requests hand their log lines to a writer thread (flushed when `_flush` drops at exit);
-    // if that thread falls far behind, lines are dropped rather than requests slowed.
-    let (log, _flush) = tracing_appender::non_blocking(std::io::stderr());
+    // if that thread falls far behind, lines are dropped rather than requests slowed. The
+    // thread flushes whenever it has emptied its queue, so the buffer only joins the lines
+    // that were waiting together into one write instead of a system call per line.
+    let stderr = std::io::BufWriter::with_capacity(64 << 10, std::io::stderr());
+    let (log, _flush) = tracing_appender::non_blocking(stderr);
     let logs = tracing_subscriber::fmt()
         .with_writer(log)
         .with_ansi(std::io::stderr().is_terminal())
