@@ -716,7 +716,7 @@ fn read_answer(stream: &mut TcpStream) -> (u16, Value) {
 }
 
 #[test]
-fn a_client_still_sending_a_refused_body_sees_the_413() {
+fn a_client_still_sending_a_refused_body_sees_the_answer() {
     let dir = tempfile::tempdir().unwrap();
     let s = Server::start(dir.path(), &config());
     let addr = s.base.trim_start_matches("http://").to_string();
@@ -763,6 +763,26 @@ fn a_client_still_sending_a_refused_body_sees_the_413() {
     assert_eq!((status, body["reason"].clone()), (413, json!("too_large")));
     let sent = sending.join().unwrap();
     assert!(sent < 256 << 20, "the server read all {sent} bytes");
+    // So is a body refused before it is read at all: an unknown key, a key of the wrong
+    // role, an unknown path.
+    for (request, status) in [
+        (
+            "POST /v1/admit HTTP/1.1\r\nAuthorization: Bearer nobody\r\n",
+            401,
+        ),
+        (
+            &format!("PUT /v1/admin/policy HTTP/1.1\r\nAuthorization: Bearer {CALLER}\r\n"),
+            403,
+        ),
+        ("POST /v1/nowhere HTTP/1.1\r\n", 404),
+    ] {
+        let mut stream = TcpStream::connect(&addr).unwrap();
+        let head = format!("{request}Host: x\r\nContent-Length: 5000000\r\n\r\n");
+        stream.write_all(head.as_bytes()).unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        stream.write_all(&vec![b'x'; 5_000_000]).unwrap();
+        assert_eq!(read_answer(&mut stream).0, status, "{request}");
+    }
     let inspect = s.call("GET", "/v1/admin/inspect", Some(ADMIN), None).2;
     assert_eq!(inspect["buckets"]["tenant.acme.requests"], 100);
     assert!(s.stop().success());

@@ -28,7 +28,10 @@ fn main() {
         ("wasm", &wasm as &dyn Decider),
         ("native", &native as &dyn Decider),
     ] {
-        let n = 20_000;
+        let n = std::env::var("N")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(20_000);
         let started = Instant::now();
         for _ in 0..n {
             d.admit(DecisionView::scratch(params.clone()), &req)

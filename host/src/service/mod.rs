@@ -2,12 +2,13 @@
 //!
 //! Checks run in a fixed order, each answering before anything is read or spent: the key
 //! (401), its role (403), the body size (413, cut off, never read whole), the body's JSON and
-//! types (400). Engine work goes to the one writer thread (group commit), taken round robin
+//! types (400). What a refused client is still sending is drained, bounded (`linger`). Engine work goes to the one writer thread (group commit), taken round robin
 //! across tenants; hot swaps compile on a blocking thread and switch atomically. Connections
 //! are bounded (`listen`).
 
 mod config;
 mod intake;
+mod linger;
 mod listen;
 mod metrics;
 mod watch;
@@ -135,6 +136,7 @@ pub fn router(state: Shared) -> Router {
             state.clone(),
             count_responses,
         ))
+        .layer(axum::middleware::from_fn(linger::linger))
         .with_state(state)
 }
 
@@ -165,57 +167,23 @@ fn role(s: &AppState, headers: &HeaderMap) -> Result<Role, Refusal> {
 }
 
 /// Reads a body of at most `limit` bytes within [`BODY_TIMEOUT`]; larger bodies are cut off
-/// (see [`drain`]).
-async fn read_body(headers: &HeaderMap, mut body: Body, limit: u64) -> Result<Bytes, Refusal> {
+/// (what the client is still sending is drained by [`linger`]).
+async fn read_body(headers: &HeaderMap, body: Body, limit: u64) -> Result<Bytes, Refusal> {
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > limit) {
-        // A client waiting for `100 Continue` has sent nothing yet: it gets the 413 instead.
-        let waits = headers
-            .get(header::EXPECT)
-            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
-        if !waits {
-            drain(&mut body).await;
-        }
         return Err(refuse(413, "too_large"));
     }
-    // Limited over a borrow: past the limit, the rest of the body is still there to drain.
     let limit = usize::try_from(limit).unwrap_or(usize::MAX);
-    let read = http_body_util::Limited::new(&mut body, limit).collect();
+    let read = http_body_util::Limited::new(body, limit).collect();
     match tokio::time::timeout(BODY_TIMEOUT, read).await {
         Err(_) => Err(refuse(408, "timeout")),
         Ok(Ok(collected)) => Ok(collected.to_bytes()),
-        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
-            drain(&mut body).await;
-            Err(refuse(413, "too_large"))
-        }
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(refuse(413, "too_large")),
         Ok(Err(_)) => Err(refuse(400, "invalid_request")),
     }
-}
-
-/// At most this much of a refused body is read and thrown away before the 413...
-const DRAIN_BYTES: usize = 8 << 20;
-/// ...and for at most this long.
-const DRAIN_TIME: Duration = Duration::from_secs(2);
-
-/// Reads and throws away what a client is still sending of a refused body, within
-/// [`DRAIN_BYTES`] and [`DRAIN_TIME`]. A client that writes its whole body before reading
-/// the answer (most do, unless they send `Expect: 100-continue`) would otherwise have its
-/// connection reset under it and never see the 413; past the bounds, it is cut off.
-async fn drain(body: &mut Body) {
-    let mut left = DRAIN_BYTES;
-    let _ = tokio::time::timeout(DRAIN_TIME, async {
-        while let Some(Ok(frame)) = body.frame().await {
-            let n = frame.data_ref().map_or(0, |d| d.len());
-            left = left.saturating_sub(n);
-            if left == 0 {
-                break;
-            }
-        }
-    })
-    .await;
 }
 
 fn json_body<T: for<'de> Deserialize<'de>>(bytes: &Bytes) -> Result<T, Refusal> {
