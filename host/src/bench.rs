@@ -264,7 +264,11 @@ pub struct HttpFigures {
     pub requests: u64,
     pub admissions_per_s: f64,
     pub p50_ms: f64,
+    pub p90_ms: f64,
     pub p99_ms: f64,
+    /// The tail past the p99: how long the rare stalls (a preempted writer, a WAL restart)
+    /// held the requests caught in them.
+    pub p999_ms: f64,
     pub errors: u64,
     /// Bytes the server handed to `write`/`pwrite` per admission (WAL, checkpoints, logs
     /// and responses), when the operating system reports it (Linux `/proc/<pid>/io`).
@@ -495,7 +499,9 @@ fn load(
             requests: latencies.len() as u64,
             admissions_per_s: latencies.len() as f64 / secs,
             p50_ms: pct(0.5),
+            p90_ms: pct(0.9),
             p99_ms: pct(0.99),
+            p999_ms: pct(0.999),
             errors,
             written_bytes_per_admission: None,
             server_cpu_us_per_admission: None,

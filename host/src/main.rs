@@ -322,8 +322,16 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             let _ = std::fs::remove_dir_all(&dir);
             let f = f?;
             println!(
-                "{} admissions over {} connections: {:.0}/s, p50 {:.2} ms, p99 {:.2} ms, {} errors",
-                f.requests, f.connections, f.admissions_per_s, f.p50_ms, f.p99_ms, f.errors
+                "{} admissions over {} connections: {:.0}/s, p50 {:.2} ms, p90 {:.2} ms, \
+                 p99 {:.2} ms, p99.9 {:.2} ms, {} errors",
+                f.requests,
+                f.connections,
+                f.admissions_per_s,
+                f.p50_ms,
+                f.p90_ms,
+                f.p99_ms,
+                f.p999_ms,
+                f.errors
             );
             if let Some(b) = f.written_bytes_per_admission {
                 println!("server wrote {b:.0} bytes per admission");
