@@ -43,6 +43,8 @@ const CATCH_UP_ROUNDS: usize = 8;
 /// How long the checkpointer waits for another connection's write or read to end before
 /// it gives up starting the WAL over (the writer waits that long at most).
 const RESTART_PATIENCE: Duration = Duration::from_millis(100);
+/// How many times longer the checkpointer sleeps after a turn that found nothing written.
+const IDLE_SLOWDOWN: u32 = 5;
 /// How long the checkpointer leaves the writer alone after another connection kept it
 /// from starting the WAL over (a long read, say): each attempt costs the writer up to
 /// `RESTART_PATIENCE`.
@@ -159,17 +161,24 @@ impl SqliteStore {
             restart_at,
             restarts: restarts.clone(),
             restart_after: Instant::now(),
+            frames_seen: 0,
         };
         let thread = std::thread::Builder::new()
             .name("tollgate-checkpoint".into())
             .spawn(move || {
                 let (stopped, wake) = &*flag;
                 let mut done = stopped.lock().unwrap_or_else(|e| e.into_inner());
+                let mut wait = every;
                 while !*done {
                     (done, _) = wake
-                        .wait_timeout(done, every)
+                        .wait_timeout(done, wait)
                         .unwrap_or_else(|e| e.into_inner());
-                    work.run();
+                    // While nothing is written, waking at the full rate only costs CPU.
+                    wait = if work.run() {
+                        every
+                    } else {
+                        every * IDLE_SLOWDOWN
+                    };
                 }
             })
             .map_err(|e| StoreError::Schema(format!("starting the checkpointer: {e}")))?;
@@ -306,18 +315,30 @@ struct CheckpointWork {
     restarts: Arc<AtomicU64>,
     /// No restart is tried before this (see `RESTART_BACKOFF`).
     restart_after: Instant,
+    /// Frames in the WAL at the last turn.
+    frames_seen: i64,
 }
 
 impl CheckpointWork {
-    fn run(&mut self) {
+    /// One turn; whether the WAL had anything new since the last.
+    fn run(&mut self) -> bool {
         // PASSIVE never blocks the writer; what it cannot copy now it copies next time. A
         // failure leaves the WAL to the writer's own bound.
         let Ok(wal) = checkpoint(&self.conn, "PASSIVE") else {
-            return;
+            return true;
         };
-        if wal.frames < self.restart_at || Instant::now() < self.restart_after {
-            return;
+        let written = wal.frames != self.frames_seen;
+        self.frames_seen = wal.frames;
+        // A WAL already started over keeps its frame count until the next write: nothing
+        // to do for it until then.
+        if written && wal.frames >= self.restart_at && Instant::now() >= self.restart_after {
+            self.restart(wal);
         }
+        written
+    }
+
+    /// Starts the WAL over (see [`Checkpointer`]).
+    fn restart(&mut self, wal: WalState) {
         let Some(wal) = self.catch_up(wal) else {
             return;
         };
@@ -332,6 +353,7 @@ impl CheckpointWork {
         match checkpoint(&self.conn, "RESTART") {
             Ok(wal) if !wal.busy => {
                 self.restarts.fetch_add(1, Ordering::Relaxed);
+                self.frames_seen = wal.frames;
             }
             _ => self.restart_after = Instant::now() + RESTART_BACKOFF,
         }
@@ -800,6 +822,12 @@ mod tests {
             frames < commits / 2,
             "{frames} frames in the WAL after {commits} commits"
         );
+        // Once nothing is written, the WAL started over is left alone (it keeps its frame
+        // count until the next write, so a restart would be tried on every turn).
+        std::thread::sleep(Duration::from_millis(300));
+        let settled = store.wal_restarts();
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(store.wal_restarts(), settled);
     }
 
     #[test]
