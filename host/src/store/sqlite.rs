@@ -344,7 +344,7 @@ impl CheckpointWork {
         };
         // SQLite syncs the database file only after a checkpoint that reached the end of
         // the WAL, which under constant load is the restart's: all the pages copied since
-        // the last restart would reach the disk while the writer waits (10-20 ms). Synced
+        // the last restart would reach the disk while the writer waits (6-22 ms). Synced
         // here, with the writer going on, the restart syncs only the last few.
         if self.db.sync_data().is_err() || self.catch_up(wal).is_none() {
             return;
