@@ -1,5 +1,6 @@
 //! How long one policy call takes: a fresh instance from the pool, fuel, the call.
-//! `cargo run --release --example policy_call_cost`
+//! `cargo run --release --example policy_call_cost` (`N=300000` for more calls, e.g. under
+//! `perf record`)
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
