@@ -785,6 +785,12 @@ fn a_client_still_sending_a_refused_body_sees_the_answer() {
         stream.write_all(&vec![b'x'; 5_000_000]).unwrap();
         assert_eq!(read_answer(&mut stream).0, status, "{request}");
     }
+    // A client waiting for `100 Continue` is refused without being asked for the body.
+    let mut stream = TcpStream::connect(&addr).unwrap();
+    let waiting = "POST /v1/admit HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer nobody\r\n\
+                   Expect: 100-continue\r\nContent-Length: 5000000\r\n\r\n";
+    stream.write_all(waiting.as_bytes()).unwrap();
+    assert_eq!(read_answer(&mut stream).0, 401);
     let inspect = s.call("GET", "/v1/admin/inspect", Some(ADMIN), None).2;
     assert_eq!(inspect["buckets"]["tenant.acme.requests"], 100);
     assert!(s.stop().success());
