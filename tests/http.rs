@@ -402,6 +402,7 @@ fn statuses_retry_after_and_auth() {
         .unwrap_or(0);
     assert!(batches > 0, "{metrics}");
     assert!(metrics.contains("tollgate_writer_batch_seconds_bucket"));
+    assert!(metrics.contains("tollgate_wal_restart_seconds_count 0"));
     assert!(metrics.contains("tollgate_http_responses_total{status=\"413\"}"));
     assert!(s.stop().success());
 }

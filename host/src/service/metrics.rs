@@ -1,6 +1,7 @@
 //! Prometheus metrics: decisions by outcome and reason, HTTP answers by status and open
 //! connections, the policy version, bucket and slot gauges, the policy call latency, and
-//! the writer's batches (the one writer is where the service saturates first).
+//! the writer's batches (the one writer is where the service saturates first) and the WAL
+//! restarts that hold it.
 
 use prometheus::{
     Encoder, GaugeVec, Histogram, HistogramOpts, IntCounterVec, IntGauge, Opts, Registry,
@@ -24,6 +25,8 @@ pub struct Metrics {
     pub batch_jobs: Histogram,
     /// Time per writer transaction, commit included.
     pub batch_seconds: Histogram,
+    /// How long each WAL restart held the writer (SQLite).
+    pub wal_restart_seconds: Histogram,
 }
 
 impl Metrics {
@@ -83,6 +86,11 @@ impl Metrics {
                 0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5,
             ],
         );
+        let wal_restart_seconds = histogram(
+            "tollgate_wal_restart_seconds",
+            "How long each WAL restart held the writer (SQLite)",
+            &[0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1],
+        );
         for c in [
             Box::new(decisions.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(responses.clone()),
@@ -94,6 +102,7 @@ impl Metrics {
             Box::new(policy_calls.clone()),
             Box::new(batch_jobs.clone()),
             Box::new(batch_seconds.clone()),
+            Box::new(wal_restart_seconds.clone()),
         ] {
             registry.register(c).unwrap();
         }
@@ -109,6 +118,7 @@ impl Metrics {
             policy_calls,
             batch_jobs,
             batch_seconds,
+            wal_restart_seconds,
         }
     }
 

@@ -639,12 +639,16 @@ pub fn build_with(
     mut store: AnyStore,
     verify_with: Vec<std::path::PathBuf>,
 ) -> Result<(Shared, std::thread::JoinHandle<()>), String> {
+    let metrics = Metrics::new();
     if let AnyStore::Sqlite(s) = &mut store {
         // The writer commits; checkpoints (and their fsync) happen beside it.
-        s.checkpoint_in_background(CHECKPOINT_EVERY)
-            .map_err(|e| format!("store: {e}"))?;
+        let held = metrics.wal_restart_seconds.clone();
+        s.checkpoint_in_background(
+            CHECKPOINT_EVERY,
+            Some(Arc::new(move |d| held.observe(d.as_secs_f64()))),
+        )
+        .map_err(|e| format!("store: {e}"))?;
     }
-    let metrics = Metrics::new();
     let mut runtime = Runtime::new().map_err(|e| format!("starting wasmtime: {e:#}"))?;
     let histogram = metrics.policy_calls.clone();
     runtime.set_call_observer(Arc::new(move |d| histogram.observe(d.as_secs_f64())));
