@@ -62,7 +62,7 @@ const RESTART_BACKOFF: Duration = Duration::from_secs(5);
 /// copy, syncs the database file, catches up again, and only then holds the writer
 /// between two transactions (its gate) for the last frames, their `fsync`s and the
 /// restart: 2–10 ms on the reference machine, where holding it for everything since the
-/// last sync took 6–22 ms.
+/// last sync took 6–24 ms.
 struct Checkpointer {
     stop: Arc<(Mutex<bool>, Condvar)>,
     thread: Option<JoinHandle<()>>,
@@ -360,7 +360,7 @@ impl CheckpointWork {
         };
         // SQLite syncs the database file only after a checkpoint that reached the end of
         // the WAL, which under constant load is the restart's: all the pages copied since
-        // the last restart would reach the disk while the writer waits (6-22 ms). Synced
+        // the last restart would reach the disk while the writer waits (6-24 ms). Synced
         // here, with the writer going on, the restart syncs only the last few.
         if self.db.sync_data().is_err() || self.catch_up(wal).is_none() {
             return;
