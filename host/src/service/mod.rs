@@ -2,9 +2,10 @@
 //!
 //! Checks run in a fixed order, each answering before anything is read or spent: the key
 //! (401), its role (403), the body size (413, cut off, never read whole), the body's JSON and
-//! types (400). What a refused client is still sending is drained, bounded (`linger`). Engine work goes to the one writer thread (group commit), taken round robin
-//! across tenants; hot swaps compile on a blocking thread and switch atomically. Connections
-//! are bounded (`listen`).
+//! types (400). What a refused client is still sending is drained, bounded (`linger`).
+//! Engine work goes to the one writer thread (group commit), taken round robin across
+//! tenants; hot swaps compile on a blocking thread and switch atomically. Connections are
+//! bounded (`listen`).
 
 mod config;
 mod intake;
