@@ -186,16 +186,13 @@ fn a_failing_job_in_a_batch_rolls_back_alone_and_the_others_apply_exactly_once()
     // Run together up to the failure (rolled back), then job by job.
     assert_eq!(calls, 3 + 4);
     assert_eq!(answers, vec![Some(0), Some(1), None, Some(2)]);
-    // In SQL, and in the row cache the store reads through.
-    let in_sql: i64 = rusqlite::Connection::open(&path)
+    // What another connection finds, and the row cache the store reads through.
+    let in_sql = SqliteStore::open(&path)
         .unwrap()
-        .query_row(
-            "SELECT balance_micro FROM buckets WHERE name = 'n'",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap();
-    assert_eq!(in_sql, 3);
+        .transaction(|tx| tx.bucket("n"))
+        .unwrap()
+        .map(|s| s.balance_micro);
+    assert_eq!(in_sql, Some(3));
     let (n, jobs) = common::batch_left(&mut store);
     assert_eq!(n, Some(3));
     let done = Some("done".to_string());

@@ -5,6 +5,7 @@
 //! [`Store::transaction`]: it reads rows, decides, and writes rows; the store makes that
 //! all-or-nothing.
 
+mod bucket_log;
 mod cached;
 use cached::Cached;
 pub mod postgres;

@@ -91,10 +91,10 @@ impl PgStore {
             let found = tx
                 .query_opt("SELECT value FROM meta WHERE name = 'schema_version'", &[])?
                 .map(|r| r.get(0));
-            if schema::check_version(found)? {
+            if schema::check_version(found, schema::POSTGRES_VERSION)? {
                 tx.execute(
-                    "INSERT INTO meta (name, value) VALUES ('schema_version', $1)",
-                    &[&schema::VERSION.to_string()],
+                    &schema::record_version_sql("$1"),
+                    &[&schema::POSTGRES_VERSION.to_string()],
                 )?;
             }
             tx.commit()?;

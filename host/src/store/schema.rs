@@ -3,8 +3,11 @@
 
 use super::StoreError;
 
-/// The schema version this host writes; a database with another is refused.
-pub const VERSION: i64 = 1;
+/// The schema version each dialect writes. SQLite's 2 added `bucket_log` (balances are
+/// logged and folded now and then, see `bucket_log`): a host of version 1 would read stale
+/// balances from such a database, so it refuses it. PostgreSQL writes balances in place.
+pub const SQLITE_VERSION: i64 = 2;
+pub const POSTGRES_VERSION: i64 = 1;
 
 const TABLES: &str = "
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -32,14 +35,44 @@ pub fn tables(seq_column: &str) -> String {
     TABLES.replace("{seq}", seq_column)
 }
 
-/// What to do with the `schema_version` found in `meta`: `Ok(true)` to record ours (a new
-/// database), `Ok(false)` when it matches, an error for any other version.
-pub fn check_version(found: Option<String>) -> Result<bool, StoreError> {
-    match found.map(|v| v.parse::<i64>()) {
+/// What to do with the `schema_version` found in `meta`, for a host writing `ours`:
+/// `Ok(true)` to record ours (a new database, or an older version, whose upgrade is the
+/// tables `CREATE ... IF NOT EXISTS` added), `Ok(false)` when it matches, an error for a
+/// newer version or anything else.
+pub fn check_version(found: Option<String>, ours: i64) -> Result<bool, StoreError> {
+    match found.as_deref().map(str::parse::<i64>) {
         None => Ok(true),
-        Some(Ok(VERSION)) => Ok(false),
-        Some(other) => Err(StoreError::Schema(format!(
-            "database schema version {other:?} is not {VERSION}, which this build of tollgate writes"
+        Some(Ok(v)) if v == ours => Ok(false),
+        Some(Ok(v)) if (1..ours).contains(&v) => Ok(true),
+        _ => Err(StoreError::Schema(format!(
+            "database schema version {} is not {ours}, which this build of tollgate writes",
+            found.unwrap_or_default()
         ))),
+    }
+}
+
+/// Records `version` in `meta` (the dialects share the upsert syntax); `$1`/`?1` is spelled
+/// by the caller.
+pub fn record_version_sql(placeholder: &str) -> String {
+    format!(
+        "INSERT INTO meta (name, value) VALUES ('schema_version', {placeholder})
+         ON CONFLICT (name) DO UPDATE SET value = excluded.value"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn older_versions_are_upgraded_and_newer_or_garbled_ones_refused() {
+        assert!(check_version(None, 2).unwrap());
+        assert!(check_version(Some("1".into()), 2).unwrap());
+        assert!(!check_version(Some("2".into()), 2).unwrap());
+        for bad in ["3", "0", "-1", "two", ""] {
+            let e = check_version(Some(bad.into()), 2).unwrap_err();
+            assert!(e.to_string().contains("is not 2"), "{e}");
+        }
+        assert!(check_version(Some("2".into()), 1).is_err());
     }
 }

@@ -1,6 +1,7 @@
 //! The embedded SQLite store: one file in WAL mode (or memory), every transaction
 //! `BEGIN IMMEDIATE`, the schema created and versioned by the host.
 
+use super::bucket_log::{self, BucketLog};
 use super::row_cache::RowCache;
 use super::{
     schema, together_then_apart, BatchAttempt, Isolation, QueuedJob, Store, StoreError, Tx,
@@ -22,6 +23,8 @@ pub struct SqliteStore {
     checkpointer: Option<Checkpointer>,
     /// Buckets, slots and meta as this connection last left them (see `row_cache`).
     rows: Box<RowCache>,
+    /// Where bucket balances are written (see `bucket_log`).
+    log: Box<BucketLog>,
     /// `PRAGMA data_version` when `rows` was last known to be right.
     data_version: i64,
     /// Held by this connection for each transaction; the background checkpointer takes it
@@ -207,25 +210,31 @@ impl SqliteStore {
     fn init(conn: Connection, path: Option<PathBuf>) -> Result<Self, StoreError> {
         // Every statement of this file stays prepared (the default cache holds only 16).
         conn.set_prepared_statement_cache_capacity(64);
-        conn.execute_batch(&schema::tables("INTEGER PRIMARY KEY AUTOINCREMENT"))?;
-        let found = conn
-            .query_row(
-                "SELECT value FROM meta WHERE name = 'schema_version'",
-                [],
-                |r| r.get(0),
-            )
-            .optional()?;
-        if schema::check_version(found)? {
-            conn.execute(
-                "INSERT INTO meta (name, value) VALUES ('schema_version', ?1)",
-                [schema::VERSION.to_string()],
-            )?;
-        }
+        {
+            let tx = conn.unchecked_transaction()?;
+            tx.execute_batch(&schema::tables("INTEGER PRIMARY KEY AUTOINCREMENT"))?;
+            let found = tx
+                .query_row(
+                    "SELECT value FROM meta WHERE name = 'schema_version'",
+                    [],
+                    |r| r.get(0),
+                )
+                .optional()?;
+            if schema::check_version(found, schema::SQLITE_VERSION)? {
+                tx.execute_batch(bucket_log::TABLE)?;
+                tx.execute(
+                    &schema::record_version_sql("?1"),
+                    [schema::SQLITE_VERSION.to_string()],
+                )?;
+            }
+            tx.commit()?;
+        };
         Ok(SqliteStore {
             conn,
             path,
             checkpointer: None,
             rows: Box::default(),
+            log: Box::default(),
             data_version: 0,
             gate: Arc::default(),
         })
@@ -244,13 +253,15 @@ impl Store for SqliteStore {
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(StoreError::from)?;
         let rows = &mut self.rows;
-        check_data_version(&tx, rows, &mut self.data_version)?;
+        let log = &mut self.log;
+        begin(&tx, rows, log, &mut self.data_version)?;
         match f(&mut SqliteTx { tx: &tx, rows }) {
             // A failed flush or commit empties the cache (see `commit`).
-            Ok(v) => commit(tx, rows).map(|()| v).map_err(E::from),
+            Ok(v) => commit(tx, rows, log).map(|()| v).map_err(E::from),
             Err(e) => {
                 // Rolled back: SQL holds what it held before, and so does the cache.
                 rows.roll_back();
+                log.rolled_back();
                 Err(e)
             }
         }
@@ -282,8 +293,9 @@ impl SqliteStore {
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)?;
         let rows = &mut self.rows;
-        let mut run = |rows: &mut RowCache| -> BatchAttempt<T> {
-            check_data_version(&tx, rows, &mut self.data_version)?;
+        let log = &mut self.log;
+        let mut run = |rows: &mut RowCache, log: &mut BucketLog| -> BatchAttempt<T> {
+            begin(&tx, rows, log, &mut self.data_version)?;
             let mut out = Vec::with_capacity(n);
             for i in 0..n {
                 if savepoints {
@@ -305,12 +317,13 @@ impl SqliteStore {
             }
             Ok(Some(out))
         };
-        match run(rows) {
+        match run(rows, log) {
             // A failed flush or commit empties the cache (see `commit`).
-            Ok(Some(out)) => commit(tx, rows).map(|()| Some(out)),
+            Ok(Some(out)) => commit(tx, rows, log).map(|()| Some(out)),
             // Rolled back (dropping `tx` does it): the cache cannot say what SQL holds.
             other => {
                 rows.clear();
+                log.forget();
                 other
             }
         }
@@ -431,10 +444,12 @@ fn checkpoint(conn: &Connection, mode: &str) -> Result<WalState, StoreError> {
     )
 }
 
-/// Empties the row cache if another connection committed since this one last looked.
-fn check_data_version(
+/// The start of every transaction: empties the row cache if another connection committed
+/// since this one last looked, and folds the bucket log if the cache cannot vouch for it.
+fn begin(
     tx: &Connection,
     rows: &mut RowCache,
+    log: &mut BucketLog,
     known: &mut i64,
 ) -> Result<(), StoreError> {
     let version: i64 = tx
@@ -442,23 +457,22 @@ fn check_data_version(
         .query_row([], |r| r.get(0))?;
     if version != *known {
         rows.clear();
+        log.forget();
         *known = version;
     }
-    Ok(())
+    log.begin(tx)
 }
 
 /// Writes the rows the transaction changed, then commits. On failure the transaction
 /// rolls back and the cache, which may hold the rolled-back values, is emptied.
-fn commit(tx: rusqlite::Transaction<'_>, rows: &mut RowCache) -> Result<(), StoreError> {
+fn commit(
+    tx: rusqlite::Transaction<'_>,
+    rows: &mut RowCache,
+    log: &mut BucketLog,
+) -> Result<(), StoreError> {
     let flush = rows.take_flush();
-    let result = (|| {
-        for (name, s) in &flush.buckets {
-            tx.prepare_cached(
-                "INSERT INTO buckets (name, balance_micro, updated_ms) VALUES (?1, ?2, ?3)
-                 ON CONFLICT (name) DO UPDATE SET balance_micro = ?2, updated_ms = ?3",
-            )?
-            .execute(params![name, s.balance_micro, s.updated_ms])?;
-        }
+    let result = (|| -> Result<(), StoreError> {
+        log.write(&tx, rows, &flush.buckets)?;
         for (scope, in_use) in &flush.slots {
             tx.prepare_cached(
                 "INSERT INTO slots (scope, in_use) VALUES (?1, ?2)
@@ -466,12 +480,13 @@ fn commit(tx: rusqlite::Transaction<'_>, rows: &mut RowCache) -> Result<(), Stor
             )?
             .execute(params![scope, in_use])?;
         }
-        tx.commit()
+        Ok(tx.commit()?)
     })();
     if result.is_err() {
         rows.clear();
+        log.forget();
     }
-    Ok(result?)
+    result
 }
 
 struct SqliteTx<'a> {
@@ -720,15 +735,18 @@ mod tests {
         }
     }
 
+    /// The balance another connection finds, read without writing anything.
     fn in_sql(path: &Path, name: &str) -> Option<i64> {
+        let conn = Connection::open(path).unwrap();
+        bucket_log::state_in_sql(&conn, name)
+            .unwrap()
+            .map(|s| s.balance_micro)
+    }
+
+    fn count(path: &Path, table: &str) -> i64 {
         Connection::open(path)
             .unwrap()
-            .query_row(
-                "SELECT balance_micro FROM buckets WHERE name = ?1",
-                [name],
-                |r| r.get(0),
-            )
-            .optional()
+            .query_row(&format!("SELECT count(*) FROM {table}"), [], |r| r.get(0))
             .unwrap()
     }
 
@@ -765,11 +783,160 @@ mod tests {
         assert_eq!(in_sql(&path, "x"), Some(5));
         assert_eq!(read(&mut store, "x"), Some(5));
         // Another connection commits: the cached row is not trusted any more.
-        Connection::open(&path)
-            .unwrap()
-            .execute("UPDATE buckets SET balance_micro = 42 WHERE name = 'x'", [])
+        let mut other = SqliteStore::open(&path).unwrap();
+        assert_eq!(read(&mut other, "x"), Some(5));
+        other
+            .transaction(|tx| tx.set_bucket("x", state(42)))
             .unwrap();
         assert_eq!(read(&mut store, "x"), Some(42));
+        // And the other way round, through the log each of them folds when it must.
+        store
+            .transaction(|tx| tx.set_bucket("x", state(43)))
+            .unwrap();
+        assert_eq!(read(&mut other, "x"), Some(43));
+    }
+
+    #[test]
+    fn logged_balances_survive_a_stop_before_any_fold() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.db");
+        let mut store = SqliteStore::open(&path).unwrap();
+        for i in 0..5 {
+            store
+                .transaction(|tx| {
+                    tx.set_bucket("a", state(i))?;
+                    tx.set_bucket(&format!("b{i}"), state(100 + i))
+                })
+                .unwrap();
+        }
+        // Only the log holds them: one row per commit, nothing in `buckets` yet.
+        assert_eq!(count(&path, "bucket_log"), 5);
+        assert_eq!(count(&path, "buckets"), 0);
+        drop(store);
+        let mut reopened = SqliteStore::open(&path).unwrap();
+        assert_eq!(read(&mut reopened, "a"), Some(4));
+        for i in 0..5 {
+            assert_eq!(read(&mut reopened, &format!("b{i}")), Some(100 + i));
+        }
+        // The first transaction folded the log into `buckets`.
+        assert_eq!(count(&path, "bucket_log"), 0);
+        assert_eq!(count(&path, "buckets"), 6);
+    }
+
+    #[test]
+    fn folding_in_epochs_keeps_every_balance_and_bounds_the_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.db");
+        let mut store = SqliteStore::open(&path).unwrap();
+        *store.log = BucketLog::with_limits(4, 3);
+        let mut model = std::collections::BTreeMap::new();
+        let mut most_rows = 0;
+        for round in 0..300i64 {
+            // Two or three of twenty buckets per commit, some commits none.
+            let names: Vec<String> = (0..round % 4)
+                .map(|k| format!("t{}", (round * 7 + k * 3) % 20))
+                .collect();
+            store
+                .transaction(|tx| {
+                    for n in &names {
+                        tx.set_bucket(n, state(round))?;
+                    }
+                    Ok::<_, StoreError>(())
+                })
+                .unwrap();
+            for n in names {
+                model.insert(n, round);
+            }
+            most_rows = most_rows.max(count(&path, "bucket_log"));
+            if round % 25 == 0 {
+                for (n, v) in &model {
+                    assert_eq!(in_sql(&path, n), Some(*v), "{n} after round {round}");
+                }
+            }
+        }
+        // An epoch starts after 4 rows and writes 3 buckets per commit: at most 20 buckets
+        // pending, so 7 more commits before its rows go.
+        assert!(most_rows <= 4 + 7 + 1, "{most_rows} rows in the log");
+        assert!(count(&path, "buckets") == 20);
+        for (n, v) in &model {
+            assert_eq!(in_sql(&path, n), Some(*v), "{n}");
+            assert_eq!(read(&mut store, n), Some(*v), "{n}");
+        }
+        drop(store);
+        let mut reopened = SqliteStore::open(&path).unwrap();
+        for (n, v) in &model {
+            assert_eq!(read(&mut reopened, n), Some(*v), "{n}");
+        }
+    }
+
+    #[test]
+    fn a_damaged_log_row_is_an_error_and_nothing_is_lost() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.db");
+        let mut store = SqliteStore::open(&path).unwrap();
+        store
+            .transaction(|tx| tx.set_bucket("a", state(7)))
+            .unwrap();
+        drop(store);
+        let conn = Connection::open(&path).unwrap();
+        conn.execute("UPDATE bucket_log SET states = x'0500'", [])
+            .unwrap();
+        let mut store = SqliteStore::open(&path).unwrap();
+        let e = store
+            .transaction(|tx| tx.bucket("a"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("bucket log row 1: cut short"), "{e}");
+        // Refused again, the row still there for whoever repairs it.
+        assert!(store.transaction(|tx| tx.bucket("a")).is_err());
+        assert_eq!(count(&path, "bucket_log"), 1);
+    }
+
+    #[test]
+    fn a_version_1_database_is_upgraded_and_a_newer_one_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.db");
+        let version = |path: &Path| -> String {
+            Connection::open(path)
+                .unwrap()
+                .query_row(
+                    "SELECT value FROM meta WHERE name = 'schema_version'",
+                    [],
+                    |r| r.get(0),
+                )
+                .unwrap()
+        };
+        {
+            let mut store = SqliteStore::open(&path).unwrap();
+            store
+                .transaction(|tx| tx.set_bucket("a", state(7)))
+                .unwrap();
+        }
+        assert_eq!(version(&path), "2");
+        // What a host of version 1 left: balances in `buckets`, no log table.
+        let conn = Connection::open(&path).unwrap();
+        conn.execute_batch(
+            "DROP TABLE bucket_log;
+             INSERT INTO buckets (name, balance_micro, updated_ms) VALUES ('a', 9, 1);
+             UPDATE meta SET value = '1' WHERE name = 'schema_version';",
+        )
+        .unwrap();
+        let mut store = SqliteStore::open(&path).unwrap();
+        assert_eq!(read(&mut store, "a"), Some(9));
+        store
+            .transaction(|tx| tx.set_bucket("a", state(8)))
+            .unwrap();
+        assert_eq!(version(&path), "2");
+        drop(store);
+        conn.execute(
+            "UPDATE meta SET value = '3' WHERE name = 'schema_version'",
+            [],
+        )
+        .unwrap();
+        let e = SqliteStore::open(&path).err().unwrap().to_string();
+        assert!(e.contains("schema version 3 is not 2"), "{e}");
+        assert_eq!(version(&path), "3");
+        assert_eq!(in_sql(&path, "a"), Some(8));
     }
 
     #[test]
