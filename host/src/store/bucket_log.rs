@@ -21,8 +21,8 @@
 use super::row_cache::RowCache;
 use super::StoreError;
 use crate::bucket;
+use foldhash::{HashMap, HashSet};
 use rusqlite::{params, Connection};
-use std::collections::{HashMap, HashSet};
 
 /// The table, created beside the shared schema (schema version 2 of SQLite).
 pub(super) const TABLE: &str =
@@ -68,7 +68,7 @@ impl BucketLog {
         BucketLog {
             known: false,
             folded_in_open_tx: false,
-            logged: HashSet::new(),
+            logged: HashSet::default(),
             rows: 0,
             last_seq: 0,
             epoch: None,
@@ -105,7 +105,11 @@ impl BucketLog {
             tx.prepare_cached("INSERT INTO bucket_log (states) VALUES (?1)")?
                 .execute(params![encode(changed)])?;
             self.last_seq = tx.last_insert_rowid();
-            self.logged.extend(changed.iter().map(|(n, _)| n.clone()));
+            for (name, _) in changed {
+                if !self.logged.contains(name) {
+                    self.logged.insert(name.clone());
+                }
+            }
             self.rows += 1;
         }
         if let Some(epoch) = &mut self.epoch {
@@ -155,7 +159,7 @@ impl BucketLog {
 
 /// Writes the newest logged state of every bucket into `buckets` and empties the log.
 pub(super) fn fold_from_sql(tx: &Connection) -> Result<usize, StoreError> {
-    let mut newest: HashMap<String, bucket::State> = HashMap::new();
+    let mut newest: HashMap<String, bucket::State> = HashMap::default();
     {
         let mut st = tx.prepare_cached("SELECT seq, states FROM bucket_log ORDER BY seq")?;
         let mut found = st.query([])?;

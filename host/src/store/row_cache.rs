@@ -8,7 +8,7 @@
 //! connection committed, or a transaction failed to commit.
 
 use crate::bucket;
-use std::collections::{HashMap, HashSet};
+use foldhash::{HashMap, HashSet};
 
 #[derive(Default)]
 pub(super) struct RowCache {
