@@ -18,6 +18,7 @@ const POLICIES: &[&str] = &[
     "faulty",
     "retry-everything",
     "broken",
+    "mistyped",
     "greedy",
 ];
 

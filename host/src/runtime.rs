@@ -6,7 +6,9 @@ use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::{Arc, Mutex};
-use wasmtime::component::{Component, HasSelf, Linker};
+use wasmtime::component::{
+    Component, ComponentExportIndex, ComponentNamedList, HasSelf, Lift, Linker, Lower, TypedFunc,
+};
 use wasmtime::{Engine, Store, StoreLimits, StoreLimitsBuilder};
 
 mod bindings {
@@ -270,6 +272,13 @@ impl Runtime {
             .instantiate_pre(&component)
             .map_err(|e| LoadError::World(format!("{e:#}")))?;
         let pre = PolicyPre::new(instance_pre).map_err(|e| LoadError::World(format!("{e:#}")))?;
+        let export = |name: &str| {
+            let component = pre.instance_pre().component();
+            component
+                .get_export_index(None, DECIDE_EXPORT)
+                .and_then(|decide| component.get_export_index(Some(&decide), name))
+                .ok_or_else(|| LoadError::World(format!("no export `{DECIDE_EXPORT}#{name}`")))
+        };
         let mut policy = LoadedPolicy {
             observer: self.observer.clone(),
             digest,
@@ -277,8 +286,12 @@ impl Runtime {
                 name: String::new(),
                 version: String::new(),
             },
+            admit: export("admit")?,
+            on_failure: export("on-failure")?,
             pre,
         };
+        // The first instantiation goes through the bindings, which type-check every export
+        // of `decide` against the world: from here on, `call_export` may trust the types.
         let view = DecisionView::scratch(Arc::new(BTreeMap::new()));
         let info = policy
             .call(view, |p, s| p.tollgate_policy_decide().call_describe(s))
@@ -358,11 +371,18 @@ impl Decider for LoadedPolicy {
     }
 }
 
+/// The interface a policy exports.
+const DECIDE_EXPORT: &str = "tollgate:policy/decide@0.1.0";
+
 /// A compiled, world-checked policy, ready to instantiate cheaply for each decision.
 pub struct LoadedPolicy {
     pub digest: PolicyDigest,
     pub info: PolicyInfo,
     pre: PolicyPre<HostState>,
+    /// The exports called per decision, looked up once: a decision instantiates and
+    /// fetches only the one it calls (the bindings would fetch and type-check all four).
+    admit: ComponentExportIndex,
+    on_failure: ComponentExportIndex,
     observer: Option<CallObserver>,
 }
 
@@ -396,6 +416,16 @@ impl LoadedPolicy {
         view: DecisionView,
         f: impl FnOnce(&Policy, &mut Store<HostState>) -> wasmtime::Result<T>,
     ) -> Result<T, PolicyFault> {
+        let mut store = self.store(view)?;
+        let instance = self
+            .pre
+            .instantiate(&mut store)
+            .map_err(|e| PolicyFault(format!("instantiation: {e:#}")))?;
+        f(&instance, &mut store).map_err(|e| PolicyFault(format!("{e:#}")))
+    }
+
+    /// A store for one guest call, with its fuel and memory limits.
+    fn store(&self, view: DecisionView) -> Result<Store<HostState>, PolicyFault> {
         let limits = StoreLimitsBuilder::new()
             .memory_size(MEMORY_PER_CALL)
             .instances(4)
@@ -408,15 +438,50 @@ impl LoadedPolicy {
         store
             .set_fuel(FUEL_PER_CALL)
             .map_err(|e| PolicyFault(format!("{e:#}")))?;
-        let instance = self
-            .pre
-            .instantiate(&mut store)
-            .map_err(|e| PolicyFault(format!("instantiation: {e:#}")))?;
-        f(&instance, &mut store).map_err(|e| PolicyFault(format!("{e:#}")))
+        Ok(store)
+    }
+
+    /// Calls one export of `decide` in a fresh instance. `P` and `R` must be the export's
+    /// parameter and result types as the bindings spell them.
+    fn call_export<P, R>(
+        &self,
+        view: DecisionView,
+        export: &ComponentExportIndex,
+        params: P,
+    ) -> Result<R, PolicyFault>
+    where
+        P: ComponentNamedList + Lower,
+        R: ComponentNamedList + Lift,
+    {
+        let started = std::time::Instant::now();
+        let result = (|| {
+            let mut store = self.store(view)?;
+            let instance = self
+                .pre
+                .instance_pre()
+                .instantiate(&mut store)
+                .map_err(|e| PolicyFault(format!("instantiation: {e:#}")))?;
+            let func = instance
+                .get_func(&mut store, export)
+                .ok_or_else(|| PolicyFault("the export went missing".into()))?;
+            // SAFETY: every instance of `pre` has the component's types, and `load` checked
+            // them when it first instantiated it through the bindings; `admit` and
+            // `on_failure` pass the types the bindings give these exports.
+            let typed = unsafe { TypedFunc::<P, R>::new_unchecked(func) };
+            typed
+                .call(&mut store, params)
+                .map_err(|e| PolicyFault(format!("{e:#}")))
+        })();
+        if let Some(observe) = &self.observer {
+            observe(started.elapsed());
+        }
+        result
     }
 
     pub fn admit(&self, view: DecisionView, req: &Request) -> Result<Admission, PolicyFault> {
-        self.call(view, |p, s| p.tollgate_policy_decide().call_admit(s, req))
+        let (admission,) =
+            self.call_export::<(&Request,), (Admission,)>(view, &self.admit, (req,))?;
+        Ok(admission)
     }
 
     pub fn on_failure(
@@ -424,9 +489,12 @@ impl LoadedPolicy {
         view: DecisionView,
         report: &FailureReport,
     ) -> Result<RetryDecision, PolicyFault> {
-        self.call(view, |p, s| {
-            p.tollgate_policy_decide().call_on_failure(s, report)
-        })
+        let (decision,) = self.call_export::<(&FailureReport,), (RetryDecision,)>(
+            view,
+            &self.on_failure,
+            (report,),
+        )?;
+        Ok(decision)
     }
 
     pub fn self_check(&self, view: DecisionView) -> Result<Result<(), String>, PolicyFault> {
@@ -476,6 +544,16 @@ mod tests {
         let text = err.to_string();
         assert!(matches!(err, LoadError::World(_)), "{text}");
         assert!(text.contains("tollgate:policy/decide"), "{text}");
+    }
+
+    #[test]
+    fn a_policy_whose_decision_exports_have_other_types_is_refused_at_load() {
+        let rt = Runtime::new().unwrap();
+        let err = rt
+            .load(builtin::get("mistyped").unwrap(), u64::MAX)
+            .unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("type mismatch"), "{text}");
     }
 
     #[test]
