@@ -349,10 +349,15 @@ pub fn http(
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     let pid = server.0.id();
-    let cpu_before = (
-        cpu_ticks(pid, None),
-        cpu_ticks(pid, Some(crate::service::WRITER_THREAD)),
-    );
+    // A thread takes its name when it first runs, which may come after the server listens.
+    let writer_before = (0..50).find_map(|_| {
+        let ticks = cpu_ticks(pid, Some(crate::service::WRITER_THREAD));
+        if ticks.is_none() {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        ticks
+    });
+    let cpu_before = (cpu_ticks(pid, None), writer_before);
     let mut figures = load(&[addr], tenants, connections, requests)?;
     let per_admission = |n: u64| n as f64 / figures.requests.max(1) as f64;
     figures.written_bytes_per_admission = written_bytes(pid).map(per_admission);
