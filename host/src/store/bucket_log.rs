@@ -14,9 +14,10 @@
 //! Folding goes in epochs so that no commit carries a long one: once `fold_at` rows were
 //! appended, the buckets named so far are written `fold_chunk` per commit from the row
 //! cache (which holds every bucket this connection logged), and when all are written the
-//! rows up to the epoch's start are deleted. When the cache cannot vouch for the log (at
-//! open, after another connection committed, after a failed commit), the next transaction
-//! first folds the whole log from SQL.
+//! rows up to the epoch's start are deleted, `fold_chunk` per commit, oldest first
+//! (deleting 4096 rows at once held the writer 10–16 ms). When the cache cannot vouch for
+//! the log (at open, after another connection committed, after a failed commit), the next
+//! transaction first folds the whole log from SQL.
 
 use super::row_cache::RowCache;
 use super::StoreError;
@@ -30,7 +31,7 @@ pub(super) const TABLE: &str =
 
 /// Log rows appended before an epoch of folding begins.
 const FOLD_AT: u64 = 4096;
-/// Buckets written into `buckets` per commit during an epoch.
+/// Buckets written into `buckets`, or log rows deleted, per commit during an epoch.
 const FOLD_CHUNK: usize = 64;
 
 /// This connection's view of the log.
@@ -113,6 +114,20 @@ impl BucketLog {
             self.rows += 1;
         }
         if let Some(epoch) = &mut self.epoch {
+            if epoch.pending.is_empty() {
+                // Oldest first: whatever is left of the epoch's rows still ends with each
+                // bucket's newest entry among them, which its `buckets` row now equals.
+                let deleted = tx
+                    .prepare_cached(
+                        "DELETE FROM bucket_log WHERE seq IN
+                         (SELECT seq FROM bucket_log WHERE seq <= ?1 ORDER BY seq LIMIT ?2)",
+                    )?
+                    .execute(params![epoch.upto, self.fold_chunk as i64])?;
+                if deleted < self.fold_chunk {
+                    self.epoch = None;
+                }
+                return Ok(());
+            }
             let from = epoch.pending.len().saturating_sub(self.fold_chunk);
             for name in &epoch.pending[from..] {
                 // Never missing while `known`; if it were, only a fold from SQL can say.
@@ -123,11 +138,6 @@ impl BucketLog {
                 upsert(tx, name, state)?;
             }
             epoch.pending.truncate(from);
-            if epoch.pending.is_empty() {
-                tx.prepare_cached("DELETE FROM bucket_log WHERE seq <= ?1")?
-                    .execute([epoch.upto])?;
-                self.epoch = None;
-            }
         } else if self.rows >= self.fold_at {
             self.epoch = Some(Epoch {
                 upto: self.last_seq,
