@@ -535,24 +535,26 @@ mod tests {
         assert_eq!(Jitter::new(1, "t", "k", 1).below_inclusive(0), 0);
     }
 
-    #[test]
-    fn broken_policy_is_refused_with_what_is_missing() {
-        let rt = Runtime::new().unwrap();
-        let err = rt
-            .load(builtin::get("broken").unwrap(), u64::MAX)
+    /// Why loading a built-in fixture fails, and the error's text.
+    fn load_error(name: &str) -> (LoadError, String) {
+        let err = Runtime::new()
+            .unwrap()
+            .load(builtin::get(name).unwrap(), u64::MAX)
             .unwrap_err();
         let text = err.to_string();
+        (err, text)
+    }
+
+    #[test]
+    fn broken_policy_is_refused_with_what_is_missing() {
+        let (err, text) = load_error("broken");
         assert!(matches!(err, LoadError::World(_)), "{text}");
         assert!(text.contains("tollgate:policy/decide"), "{text}");
     }
 
     #[test]
     fn a_policy_whose_decision_exports_have_other_types_is_refused_at_load() {
-        let rt = Runtime::new().unwrap();
-        let err = rt
-            .load(builtin::get("mistyped").unwrap(), u64::MAX)
-            .unwrap_err();
-        let text = err.to_string();
+        let (_, text) = load_error("mistyped");
         assert!(text.contains("type mismatch"), "{text}");
     }
 

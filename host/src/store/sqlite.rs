@@ -735,6 +735,14 @@ mod tests {
         }
     }
 
+    /// A store on a new file in a folder of its own (kept while the folder is).
+    fn fresh() -> (tempfile::TempDir, PathBuf, SqliteStore) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.db");
+        let store = SqliteStore::open(&path).unwrap();
+        (dir, path, store)
+    }
+
     /// The balance another connection finds, read without writing anything.
     fn in_sql(path: &Path, name: &str) -> Option<i64> {
         let conn = Connection::open(path).unwrap();
@@ -774,9 +782,7 @@ mod tests {
 
     #[test]
     fn cached_rows_reach_sql_at_commit_and_follow_other_connections() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("t.db");
-        let mut store = SqliteStore::open(&path).unwrap();
+        let (_dir, path, mut store) = fresh();
         store
             .transaction(|tx| tx.set_bucket("x", state(5)))
             .unwrap();
@@ -798,9 +804,7 @@ mod tests {
 
     #[test]
     fn logged_balances_survive_a_stop_before_any_fold() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("t.db");
-        let mut store = SqliteStore::open(&path).unwrap();
+        let (_dir, path, mut store) = fresh();
         for i in 0..5 {
             store
                 .transaction(|tx| {
@@ -825,9 +829,7 @@ mod tests {
 
     #[test]
     fn folding_in_epochs_keeps_every_balance_and_bounds_the_log() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("t.db");
-        let mut store = SqliteStore::open(&path).unwrap();
+        let (_dir, path, mut store) = fresh();
         *store.log = BucketLog::with_limits(4, 3);
         let mut model = std::collections::BTreeMap::new();
         let mut most_rows = 0;
@@ -871,9 +873,7 @@ mod tests {
 
     #[test]
     fn a_damaged_log_row_is_an_error_and_nothing_is_lost() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("t.db");
-        let mut store = SqliteStore::open(&path).unwrap();
+        let (_dir, path, mut store) = fresh();
         store
             .transaction(|tx| tx.set_bucket("a", state(7)))
             .unwrap();
@@ -894,8 +894,7 @@ mod tests {
 
     #[test]
     fn a_version_1_database_is_upgraded_and_a_newer_one_refused() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("t.db");
+        let (_dir, path, mut store) = fresh();
         let version = |path: &Path| -> String {
             Connection::open(path)
                 .unwrap()
@@ -906,12 +905,10 @@ mod tests {
                 )
                 .unwrap()
         };
-        {
-            let mut store = SqliteStore::open(&path).unwrap();
-            store
-                .transaction(|tx| tx.set_bucket("a", state(7)))
-                .unwrap();
-        }
+        store
+            .transaction(|tx| tx.set_bucket("a", state(7)))
+            .unwrap();
+        drop(store);
         assert_eq!(version(&path), "2");
         // What a host of version 1 left: balances in `buckets`, no log table.
         let conn = Connection::open(&path).unwrap();
@@ -941,9 +938,7 @@ mod tests {
 
     #[test]
     fn rolled_back_work_leaves_neither_sql_nor_the_cache_changed() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("t.db");
-        let mut store = SqliteStore::open(&path).unwrap();
+        let (_dir, path, mut store) = fresh();
         // One transaction that fails after writing.
         let failed: Result<(), StoreError> = store.transaction(|tx| {
             tx.set_bucket("z", state(1))?;
@@ -985,9 +980,7 @@ mod tests {
 
     #[test]
     fn the_checkpointer_starts_the_wal_over_under_constant_writes() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("t.db");
-        let mut store = SqliteStore::open(&path).unwrap();
+        let (_dir, path, mut store) = fresh();
         // The writer never checkpoints itself here, and the background thread starts the
         // WAL over whenever it holds a frame: it must get its turn between the writer's
         // transactions without stopping them for good.
@@ -1028,9 +1021,7 @@ mod tests {
 
     #[test]
     fn a_long_reader_elsewhere_does_not_keep_stopping_the_writer() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("t.db");
-        let mut store = SqliteStore::open(&path).unwrap();
+        let (_dir, path, mut store) = fresh();
         store.transaction(|tx| tx.set_meta("m", "x")).unwrap();
         // Another connection reads the WAL and does not finish: no restart can complete.
         let reader = Connection::open(&path).unwrap();
