@@ -168,7 +168,7 @@ impl BucketLog {
 }
 
 /// Writes the newest logged state of every bucket into `buckets` and empties the log.
-pub(super) fn fold_from_sql(tx: &Connection) -> Result<usize, StoreError> {
+fn fold_from_sql(tx: &Connection) -> Result<(), StoreError> {
     let mut newest: HashMap<String, bucket::State> = HashMap::default();
     {
         let mut st = tx.prepare_cached("SELECT seq, states FROM bucket_log ORDER BY seq")?;
@@ -183,13 +183,13 @@ pub(super) fn fold_from_sql(tx: &Connection) -> Result<usize, StoreError> {
         }
     }
     if newest.is_empty() {
-        return Ok(0);
+        return Ok(());
     }
     for (name, state) in &newest {
         upsert(tx, name, *state)?;
     }
     tx.prepare_cached("DELETE FROM bucket_log")?.execute([])?;
-    Ok(newest.len())
+    Ok(())
 }
 
 fn upsert(tx: &Connection, name: &str, s: bucket::State) -> Result<(), StoreError> {
