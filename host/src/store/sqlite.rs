@@ -228,7 +228,7 @@ impl SqliteStore {
                 )?;
             }
             tx.commit()?;
-        };
+        }
         Ok(SqliteStore {
             conn,
             path,
