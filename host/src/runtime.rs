@@ -397,31 +397,31 @@ impl fmt::Debug for LoadedPolicy {
 }
 
 impl LoadedPolicy {
-    /// Runs one guest call in a fresh instance with fuel and memory limits.
+    /// Runs one guest call in a fresh instance with fuel and memory limits, through the
+    /// bindings (which fetch and type-check every export).
     fn call<T>(
         &self,
         view: DecisionView,
         f: impl FnOnce(&Policy, &mut Store<HostState>) -> wasmtime::Result<T>,
     ) -> Result<T, PolicyFault> {
+        self.observed(|| {
+            let mut store = self.store(view)?;
+            let instance = self
+                .pre
+                .instantiate(&mut store)
+                .map_err(|e| PolicyFault(format!("instantiation: {e:#}")))?;
+            f(&instance, &mut store).map_err(|e| PolicyFault(format!("{e:#}")))
+        })
+    }
+
+    /// Runs `call`, telling the observer how long it took.
+    fn observed<T>(&self, call: impl FnOnce() -> Result<T, PolicyFault>) -> Result<T, PolicyFault> {
         let started = std::time::Instant::now();
-        let result = self.call_unobserved(view, f);
+        let result = call();
         if let Some(observe) = &self.observer {
             observe(started.elapsed());
         }
         result
-    }
-
-    fn call_unobserved<T>(
-        &self,
-        view: DecisionView,
-        f: impl FnOnce(&Policy, &mut Store<HostState>) -> wasmtime::Result<T>,
-    ) -> Result<T, PolicyFault> {
-        let mut store = self.store(view)?;
-        let instance = self
-            .pre
-            .instantiate(&mut store)
-            .map_err(|e| PolicyFault(format!("instantiation: {e:#}")))?;
-        f(&instance, &mut store).map_err(|e| PolicyFault(format!("{e:#}")))
     }
 
     /// A store for one guest call, with its fuel and memory limits.
@@ -453,8 +453,7 @@ impl LoadedPolicy {
         P: ComponentNamedList + Lower,
         R: ComponentNamedList + Lift,
     {
-        let started = std::time::Instant::now();
-        let result = (|| {
+        self.observed(|| {
             let mut store = self.store(view)?;
             let instance = self
                 .pre
@@ -471,11 +470,7 @@ impl LoadedPolicy {
             typed
                 .call(&mut store, params)
                 .map_err(|e| PolicyFault(format!("{e:#}")))
-        })();
-        if let Some(observe) = &self.observer {
-            observe(started.elapsed());
-        }
-        result
+        })
     }
 
     pub fn admit(&self, view: DecisionView, req: &Request) -> Result<Admission, PolicyFault> {
