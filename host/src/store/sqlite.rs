@@ -322,8 +322,7 @@ impl SqliteStore {
             Ok(Some(out)) => commit(tx, rows, log).map(|()| Some(out)),
             // Rolled back (dropping `tx` does it): the cache cannot say what SQL holds.
             other => {
-                rows.clear();
-                log.forget();
+                distrust(rows, log);
                 other
             }
         }
@@ -444,6 +443,13 @@ fn checkpoint(conn: &Connection, mode: &str) -> Result<WalState, StoreError> {
     )
 }
 
+/// SQL may hold other rows than the cache: it is emptied, and the bucket log will be folded
+/// from SQL before the next transaction reads a balance.
+fn distrust(rows: &mut RowCache, log: &mut BucketLog) {
+    rows.clear();
+    log.forget();
+}
+
 /// The start of every transaction: empties the row cache if another connection committed
 /// since this one last looked, and folds the bucket log if the cache cannot vouch for it.
 fn begin(
@@ -456,8 +462,7 @@ fn begin(
         .prepare_cached("PRAGMA data_version")?
         .query_row([], |r| r.get(0))?;
     if version != *known {
-        rows.clear();
-        log.forget();
+        distrust(rows, log);
         *known = version;
     }
     log.begin(tx)
@@ -483,8 +488,7 @@ fn commit(
         Ok(tx.commit()?)
     })();
     if result.is_err() {
-        rows.clear();
-        log.forget();
+        distrust(rows, log);
     }
     result
 }
