@@ -37,8 +37,8 @@ pub fn tables(seq_column: &str) -> String {
 
 /// What to do with the `schema_version` found in `meta`, for a host writing `ours`:
 /// `Ok(true)` to record ours (a new database, or an older version, whose upgrade is the
-/// tables `CREATE ... IF NOT EXISTS` added), `Ok(false)` when it matches, an error for a
-/// newer version or anything else.
+/// tables the caller has just created `IF NOT EXISTS`), `Ok(false)` when it matches, an
+/// error for a newer version or anything else (the caller's transaction then rolls back).
 pub fn check_version(found: Option<String>, ours: i64) -> Result<bool, StoreError> {
     match found.as_deref().map(str::parse::<i64>) {
         None => Ok(true),

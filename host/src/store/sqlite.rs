@@ -213,6 +213,7 @@ impl SqliteStore {
         {
             let tx = conn.unchecked_transaction()?;
             tx.execute_batch(&schema::tables("INTEGER PRIMARY KEY AUTOINCREMENT"))?;
+            tx.execute_batch(bucket_log::TABLE)?;
             let found = tx
                 .query_row(
                     "SELECT value FROM meta WHERE name = 'schema_version'",
@@ -221,7 +222,6 @@ impl SqliteStore {
                 )
                 .optional()?;
             if schema::check_version(found, schema::SQLITE_VERSION)? {
-                tx.execute_batch(bucket_log::TABLE)?;
                 tx.execute(
                     &schema::record_version_sql("?1"),
                     [schema::SQLITE_VERSION.to_string()],
