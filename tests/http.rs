@@ -676,6 +676,15 @@ fn the_load_benchmark_drives_a_real_server_and_counts_every_answer() {
         (0.0..=server + tick_per_admission_us).contains(&writer),
         "{figures}"
     );
+    // The machine's shares over the same interval, from `/proc/stat`.
+    let share = |k: &str| figures["machine"][k].as_f64().unwrap();
+    for k in ["steal_percent", "idle_percent"] {
+        assert!((0.0..=100.0).contains(&share(k)), "{figures}");
+    }
+    assert!(
+        share("steal_percent") + share("idle_percent") < 100.0,
+        "{figures}"
+    );
 }
 
 /// Sends `request` in one write on a connection of its own and reads one answer: its

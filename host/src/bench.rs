@@ -278,6 +278,62 @@ pub struct HttpFigures {
     /// rate on a shared machine: it does not count time the server waited for a core.
     pub server_cpu_us_per_admission: Option<f64>,
     pub writer_cpu_us_per_admission: Option<f64>,
+    /// How the machine's CPU time was spent while the load ran, in percent of all its cores
+    /// (Linux `/proc/stat`). `steal_percent` is time the hypervisor gave to other guests:
+    /// on a shared host the cores the figures above were measured on were only partly
+    /// there, and a rate lower than usual with a high steal is the machine's, not the code's.
+    pub machine: Option<MachineShare>,
+}
+
+/// Shares of the machine's CPU time over an interval, in percent of all its cores.
+#[derive(Clone, Copy, Debug, Serialize, PartialEq)]
+pub struct MachineShare {
+    pub steal_percent: f64,
+    pub idle_percent: f64,
+}
+
+/// The machine-wide CPU counters of `/proc/stat` (the `cpu` line, in clock ticks).
+#[derive(Clone, Copy, Debug)]
+struct MachineTicks {
+    total: u64,
+    idle: u64,
+    steal: u64,
+}
+
+impl MachineTicks {
+    fn read() -> Option<Self> {
+        Self::parse(&std::fs::read_to_string("/proc/stat").ok()?)
+    }
+
+    /// The first line: `cpu user nice system idle iowait irq softirq steal guest guest_nice`.
+    /// Guest time is already counted in user and nice, so it is left out of the total.
+    fn parse(stat: &str) -> Option<Self> {
+        let line = stat.lines().next()?.strip_prefix("cpu ")?;
+        let f: Vec<u64> = line
+            .split_whitespace()
+            .take(8)
+            .map(str::parse)
+            .collect::<Result<_, _>>()
+            .ok()?;
+        let [.., idle, iowait, _, _, steal] = f[..] else {
+            return None;
+        };
+        Some(MachineTicks {
+            total: f.iter().sum(),
+            idle: idle + iowait,
+            steal,
+        })
+    }
+
+    /// The shares of the interval from `self` to `later`; none when no tick passed.
+    fn share_until(self, later: MachineTicks) -> Option<MachineShare> {
+        let total = later.total.checked_sub(self.total).filter(|&t| t > 0)? as f64;
+        let percent = |a: u64, b: u64| 100.0 * a.saturating_sub(b) as f64 / total;
+        Some(MachineShare {
+            steal_percent: percent(later.steal, self.steal),
+            idle_percent: percent(later.idle, self.idle),
+        })
+    }
 }
 
 /// The service's configuration for the HTTP benchmark: `tenants` tenants, caller key
@@ -475,6 +531,7 @@ fn load(
         .map_err(|e| e.to_string())?;
     let per_connection = requests.div_ceil(connections.max(1) as u64);
     rt.block_on(async {
+        let machine_before = MachineTicks::read();
         let started = Instant::now();
         let mut tasks = tokio::task::JoinSet::new();
         for c in 0..connections.max(1) {
@@ -494,6 +551,7 @@ fn load(
             errors += e;
         }
         let secs = started.elapsed().as_secs_f64();
+        let machine = machine_before.zip(MachineTicks::read());
         if latencies.is_empty() {
             return Err("no request was answered".into());
         }
@@ -511,6 +569,7 @@ fn load(
             written_bytes_per_admission: None,
             server_cpu_us_per_admission: None,
             writer_cpu_us_per_admission: None,
+            machine: machine.and_then(|(before, after)| before.share_until(after)),
         })
     })
 }
@@ -726,5 +785,46 @@ return 'ok'
             }
         }
         Ok(Some(ops as f64 / started.elapsed().as_secs_f64()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn machine_shares_come_from_the_first_line_of_proc_stat() {
+        let at = |idle: u64, steal: u64, busy: u64| {
+            format!("cpu  {busy} 0 0 {idle} 5 0 0 {steal} 40 0\ncpu0 1 2 3 4 5 6 7 8 9 10\n")
+        };
+        let before = MachineTicks::parse(&at(1000, 10, 500)).unwrap();
+        assert_eq!((before.total, before.idle, before.steal), (1515, 1005, 10));
+        let after = MachineTicks::parse(&at(1100, 60, 850)).unwrap();
+        let share = before.share_until(after).unwrap();
+        // 500 ticks passed: 100 idle, 50 stolen.
+        assert_eq!(
+            share,
+            MachineShare {
+                steal_percent: 10.0,
+                idle_percent: 20.0
+            }
+        );
+        assert_eq!(before.share_until(before), None);
+    }
+
+    #[test]
+    fn a_damaged_proc_stat_gives_no_share_rather_than_a_wrong_one() {
+        for bad in [
+            "",
+            "cpu0 1 2 3 4 5 6 7 8",
+            "cpu  1 2 3",
+            "cpu  1 2 x 4 5 6 7 8",
+        ] {
+            assert!(MachineTicks::parse(bad).is_none(), "{bad:?}");
+        }
+        // Counters that went backwards (another boot's file) give no share either.
+        let later = MachineTicks::parse("cpu  9 0 0 9 0 0 0 0").unwrap();
+        let earlier = MachineTicks::parse("cpu  1 0 0 1 0 0 0 0").unwrap();
+        assert_eq!(later.share_until(earlier), None);
     }
 }

@@ -343,6 +343,12 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
                     "server CPU per admission: {all:.1} µs, of which the writer {writer:.1} µs"
                 );
             }
+            if let Some(m) = f.machine {
+                println!(
+                    "machine CPU while loaded: {:.1}% idle, {:.1}% stolen by the hypervisor",
+                    m.idle_percent, m.steal_percent
+                );
+            }
             if json {
                 println!("{}", serde_json::json!(f));
             }
