@@ -93,11 +93,30 @@ impl From<Resolution> for CallResult {
 }
 
 /// Tokens a provider reports as used.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct Usage {
     pub input_tokens: u64,
     pub output_tokens: u64,
+}
+
+impl<'de> Deserialize<'de> for Usage {
+    /// From `{"input_tokens", "output_tokens"}` only: not from an array of the two.
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Fields {
+            input_tokens: u64,
+            output_tokens: u64,
+        }
+        let Fields {
+            input_tokens,
+            output_tokens,
+        } = crate::validate::from_object(d)?;
+        Ok(Usage {
+            input_tokens,
+            output_tokens,
+        })
+    }
 }
 
 /// The retry verdict given for a completion.

@@ -188,7 +188,10 @@ async fn read_body(headers: &HeaderMap, body: Body, limit: u64) -> Result<Bytes,
 }
 
 fn json_body<T: for<'de> Deserialize<'de>>(bytes: &Bytes) -> Result<T, Refusal> {
-    serde_json::from_slice(bytes).map_err(|_| refuse(400, "invalid_request"))
+    let mut json = serde_json::Deserializer::from_slice(bytes);
+    validate::from_object(&mut json)
+        .and_then(|body| json.end().map(|()| body))
+        .map_err(|_| refuse(400, "invalid_request"))
 }
 
 async fn submit(s: &AppState, job: Job) -> Result<Answer, Refusal> {
@@ -208,10 +211,7 @@ async fn admit(
     };
     let limit = s.engine.config().max_request_bytes;
     let bytes = read_body(&headers, body, limit).await?;
-    let mut request: Value = json_body(&bytes)?;
-    let Some(obj) = request.as_object_mut() else {
-        return Err(refuse(400, "invalid_request"));
-    };
+    let mut obj = validate::object(&bytes).map_err(|r| refuse(r.http(), r.as_str()))?;
     match obj.get("tenant") {
         None => {
             obj.insert("tenant".into(), json!(tenant));
@@ -219,7 +219,7 @@ async fn admit(
         Some(Value::String(t)) if *t == tenant => {}
         Some(_) => return Err(refuse(403, "forbidden")),
     }
-    let request = match validate::request(&request, s.engine.config()) {
+    let request = match validate::request(&Value::Object(obj), s.engine.config()) {
         Ok(r) => r,
         Err(reason) => {
             s.metrics
