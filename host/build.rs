@@ -20,6 +20,7 @@ const POLICIES: &[&str] = &[
     "broken",
     "mistyped",
     "greedy",
+    "verbose",
 ];
 
 fn main() {

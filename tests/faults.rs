@@ -1,5 +1,5 @@
-//! A hostile policy cannot spend, hang or exhaust the host: traps, endless loops and memory
-//! hogs fail closed as `policy_error`, and the engine goes on deciding.
+//! A hostile policy cannot spend, hang or exhaust the host: traps, endless loops, memory
+//! hogs and runaway recursion fail closed as `policy_error`, and the engine goes on deciding.
 
 mod common;
 
@@ -10,7 +10,7 @@ use tollgate::reason::{Outcome, Reason};
 #[test]
 fn spin_is_stopped_and_the_engine_keeps_deciding() {
     let engine = common::engine(json!({"tenants": {"acme": {}}}), "faulty");
-    for kind in ["spin", "hog", "trap"] {
+    for kind in ["spin", "hog", "trap", "deep"] {
         let started = Instant::now();
         let d = engine
             .admit(

@@ -506,6 +506,18 @@ fn swap_under_load_and_restart_keeps_state() {
             .contains("tollgate:policy/decide"),
         "{body}"
     );
+    // A module whose self-check fails with 4 MiB of text: refused, and the answer
+    // carries only the first KiB of it.
+    let verbose = policy_file(dir.path(), "verbose");
+    let refused = ureq::put(&format!("{}/v1/admin/policy", s.base))
+        .set("Authorization", &format!("Bearer {ADMIN}"))
+        .send_bytes(&std::fs::read(&verbose).unwrap());
+    let Err(ureq::Error::Status(422, r)) = refused else {
+        panic!("verbose policy not refused")
+    };
+    let text = r.into_string().unwrap();
+    assert!(text.len() < 2048, "{} bytes", text.len());
+    assert!(text.contains("self-check failed"), "{text}");
     assert_eq!(
         s.call("GET", "/v1/admin/policy", Some(ADMIN), None).2["name"],
         "standard"

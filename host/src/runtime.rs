@@ -88,6 +88,41 @@ pub enum LoadError {
 #[error("{0}")]
 pub struct PolicyFault(pub String);
 
+impl PolicyFault {
+    /// The fault of a failed guest call, [`bounded`]: its cause first (`wasm trap: all
+    /// fuel consumed`, say), then the whole chain, whose wasm backtrace has a line per
+    /// frame of the guest's stack and is what gets cut.
+    fn of(prefix: &str, error: &wasmtime::Error) -> Self {
+        let cause = error.root_cause().to_string();
+        let message = if error.chain().count() > 1 {
+            format!("{prefix}{cause}; {error:#}")
+        } else {
+            format!("{prefix}{error:#}")
+        };
+        PolicyFault(bounded(message))
+    }
+}
+
+/// Longest text from a policy call that goes on into a log line or an HTTP answer, in bytes.
+/// A self-check's message is the module's own, and a trap's backtrace has a line per frame
+/// of the guest's stack: a hostile module could otherwise write megabytes per decision.
+pub const MAX_MESSAGE_BYTES: usize = 1024;
+
+/// `message` cut to at most [`MAX_MESSAGE_BYTES`] at a character boundary, followed, when
+/// cut, by how long it was.
+fn bounded(mut message: String) -> String {
+    let total = message.len();
+    if total > MAX_MESSAGE_BYTES {
+        let cut = (0..=MAX_MESSAGE_BYTES)
+            .rev()
+            .find(|&i| message.is_char_boundary(i))
+            .unwrap_or(0);
+        message.truncate(cut);
+        message.push_str(&format!(" … ({total} bytes in all)"));
+    }
+    message
+}
+
 /// A deterministic generator for jitter: SplitMix64 over a seed of the decision's identity.
 #[derive(Clone, Debug)]
 pub struct Jitter(u64);
@@ -409,8 +444,8 @@ impl LoadedPolicy {
             let instance = self
                 .pre
                 .instantiate(&mut store)
-                .map_err(|e| PolicyFault(format!("instantiation: {e:#}")))?;
-            f(&instance, &mut store).map_err(|e| PolicyFault(format!("{e:#}")))
+                .map_err(|e| PolicyFault::of("instantiation: ", &e))?;
+            f(&instance, &mut store).map_err(|e| PolicyFault::of("", &e))
         })
     }
 
@@ -437,7 +472,7 @@ impl LoadedPolicy {
         store.limiter(|s| &mut s.limits);
         store
             .set_fuel(FUEL_PER_CALL)
-            .map_err(|e| PolicyFault(format!("{e:#}")))?;
+            .map_err(|e| PolicyFault::of("", &e))?;
         Ok(store)
     }
 
@@ -459,7 +494,7 @@ impl LoadedPolicy {
                 .pre
                 .instance_pre()
                 .instantiate(&mut store)
-                .map_err(|e| PolicyFault(format!("instantiation: {e:#}")))?;
+                .map_err(|e| PolicyFault::of("instantiation: ", &e))?;
             let func = instance
                 .get_func(&mut store, export)
                 .ok_or_else(|| PolicyFault("the export went missing".into()))?;
@@ -469,7 +504,7 @@ impl LoadedPolicy {
             let typed = unsafe { TypedFunc::<P, R>::new_unchecked(func) };
             typed
                 .call(&mut store, params)
-                .map_err(|e| PolicyFault(format!("{e:#}")))
+                .map_err(|e| PolicyFault::of("", &e))
         })
     }
 
@@ -493,7 +528,8 @@ impl LoadedPolicy {
     }
 
     pub fn self_check(&self, view: DecisionView) -> Result<Result<(), String>, PolicyFault> {
-        self.call(view, |p, s| p.tollgate_policy_decide().call_self_check(s))
+        let verdict = self.call(view, |p, s| p.tollgate_policy_decide().call_self_check(s))?;
+        Ok(verdict.map_err(bounded))
     }
 }
 
@@ -564,6 +600,56 @@ mod tests {
             rt.load(&[0u8; 100], 10),
             Err(LoadError::TooBig { .. })
         ));
+    }
+
+    #[test]
+    fn long_messages_are_cut_at_a_character_boundary_and_say_how_long_they_were() {
+        assert_eq!(bounded("short".into()), "short");
+        let exact = "x".repeat(MAX_MESSAGE_BYTES);
+        assert_eq!(bounded(exact.clone()), exact);
+        // Two-byte characters from the first byte: the cut falls inside one at 1024 + 1.
+        let long = format!("x{}", "é".repeat(MAX_MESSAGE_BYTES));
+        let cut = bounded(long.clone());
+        let (kept, note) = cut.split_once(" … ").unwrap();
+        assert!(
+            long.starts_with(kept) && kept.len() == MAX_MESSAGE_BYTES - 1,
+            "{}",
+            kept.len()
+        );
+        assert_eq!(note, format!("({} bytes in all)", long.len()));
+    }
+
+    #[test]
+    fn what_a_hostile_module_says_about_itself_is_bounded() {
+        let rt = Runtime::new().unwrap();
+        let load = |name| rt.load(builtin::get(name).unwrap(), u64::MAX).unwrap();
+        let scratch = || DecisionView::scratch(Arc::new(BTreeMap::new()));
+        // A self-check failing with 4 MiB of text.
+        let message = load("verbose").self_check(scratch()).unwrap().unwrap_err();
+        assert!(message.len() < MAX_MESSAGE_BYTES + 64, "{}", message.len());
+        assert!(
+            message.ends_with(&format!("({} bytes in all)", 4 << 20)),
+            "{message}"
+        );
+        // A trap whose backtrace has a line for every frame of a runaway recursion.
+        let faulty = load("faulty");
+        let deep = Request {
+            tenant: "acme".into(),
+            key: "deep-1".into(),
+            route: Route::Interactive,
+            input_tokens: 1,
+            optional_context_tokens: 0,
+            max_output_tokens: 1,
+            deadline_ms: 1,
+            size_bytes: 0,
+            attempt: 1,
+        };
+        let fault = faulty.admit(scratch(), &deep).unwrap_err();
+        assert!(fault.0.len() < MAX_MESSAGE_BYTES + 64, "{}", fault.0.len());
+        // The cause comes first, so the cut keeps it (the guest's shadow stack runs below
+        // address 0 before wasmtime's own stack limit is reached).
+        assert!(fault.0.starts_with("wasm trap: "), "{}", fault.0);
+        assert!(fault.0.contains("bytes in all"), "{}", fault.0);
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! A fixture that misbehaves on purpose: as `standard`, except that a request whose key
-//! starts with `trap` traps, `spin` loops forever and `hog` grows memory without bound; `big` allocates
+//! starts with `trap` traps, `spin` loops forever, `hog` grows memory without bound and `deep`
+//! recurses until the stack runs out; `big` allocates
 //! most of a MiB (beyond the initial memory) and checks that no block overlaps another.
 
 use core::hint::black_box;
@@ -37,6 +38,9 @@ impl Policy for Faulty {
                 hoard.push(black_box(vec![1u8; 1 << 20]));
             }
         }
+        if req.key.starts_with("deep") {
+            return Admission::Refuse(deeper(black_box(0)));
+        }
         if req.key.starts_with("big") && !big_allocations_hold() {
             core::arch::wasm32::unreachable();
         }
@@ -46,6 +50,13 @@ impl Policy for Faulty {
     fn on_failure(report: FailureReport) -> RetryDecision {
         standard::on_failure(&report)
     }
+}
+
+/// Recurses until the stack runs out (the host traps it with a long backtrace).
+#[allow(unconditional_recursion)]
+fn deeper(depth: u64) -> tollgate_guest::Refusal {
+    let r = deeper(black_box(depth + 1));
+    black_box(r)
 }
 
 /// Interleaves growing, shrinking and freeing blocks past the initial memory, then checks
