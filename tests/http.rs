@@ -148,6 +148,31 @@ fn statuses_retry_after_and_auth() {
     let mut foreign = request("k0", "interactive", 10);
     foreign["tenant"] = json!("globex");
     assert_eq!(s.admit(CALLER, foreign).0, 403);
+    // One Authorization header, its scheme in any case: two are 401 whichever comes first
+    // (a proxy in front might have checked the other one).
+    let inspect = |auth: &str| {
+        raw_exchange(
+            &s.base,
+            &format!("GET /v1/admin/inspect HTTP/1.1\r\nHost: x\r\n{auth}\r\n"),
+        )
+        .0
+    };
+    assert_eq!(inspect(&format!("Authorization: bearer {ADMIN}\r\n")), 200);
+    assert_eq!(
+        inspect(&format!("Authorization: BEARER  {ADMIN} \r\n")),
+        200
+    );
+    assert_eq!(inspect(&format!("Authorization: Basic {ADMIN}\r\n")), 401);
+    for (first, second) in [(ADMIN, "nope"), ("nope", ADMIN), (ADMIN, ADMIN)] {
+        let two = format!("Authorization: Bearer {first}\r\nAuthorization: Bearer {second}\r\n");
+        assert_eq!(inspect(&two), 401, "{first} then {second}");
+    }
+    // A request head over 64 KiB is refused (431, by the HTTP stack) before any handler runs.
+    for (size, status) in [(60_000, 200), (70_000, 431), (1_000_000, 431)] {
+        let padding = format!("X-Padding: {}\r\n", "p".repeat(size));
+        let head = format!("Authorization: Bearer {ADMIN}\r\n{padding}");
+        assert_eq!(inspect(&head), status, "{size} bytes of padding");
+    }
 
     // Accepted 200, duplicate 409, conflict 422, invalid 400, too large 413.
     let (status, retry, body) = s.admit(CALLER, request("k1", "interactive", 10));

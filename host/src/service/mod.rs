@@ -43,6 +43,10 @@ use std::time::Duration;
 pub const BODY_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a client may take to send its request headers.
 pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// Largest request head (request line and headers) a connection buffers: past it the HTTP
+/// stack answers 431. hyper's default, about 400 KiB, would let a client holding the
+/// permitted connections open make the server hold hundreds of MiB of headers.
+pub const MAX_HEAD_BYTES: usize = 64 << 10;
 
 /// A wall clock in Unix milliseconds that never steps backwards.
 #[derive(Default)]
@@ -156,15 +160,23 @@ async fn count_responses(
 
 /// The role of the request's bearer key: 401 when missing or unknown.
 fn role(s: &AppState, headers: &HeaderMap) -> Result<Role, Refusal> {
-    let key = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .ok_or_else(|| refuse(401, "unauthorized"))?;
-    s.keys
-        .get(key.trim())
+    // Exactly one header: with two, a proxy in front might have checked the other key.
+    let mut values = headers.get_all(header::AUTHORIZATION).iter();
+    let key = match (values.next(), values.next()) {
+        (Some(value), None) => value.to_str().ok().and_then(bearer),
+        _ => None,
+    };
+    key.and_then(|k| s.keys.get(k))
         .cloned()
         .ok_or_else(|| refuse(401, "unauthorized"))
+}
+
+/// The token of a `Bearer <token>` credential; the scheme is case-insensitive (RFC 9110).
+fn bearer(credentials: &str) -> Option<&str> {
+    let (scheme, token) = credentials.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then_some(token.trim())
 }
 
 /// Reads a body of at most `limit` bytes within [`BODY_TIMEOUT`]; larger bodies are cut off
@@ -702,6 +714,7 @@ pub async fn serve(
                 let conn = hyper::server::conn::http1::Builder::new()
                     .timer(TokioTimer::new())
                     .header_read_timeout(HEADER_TIMEOUT)
+                    .max_header_size(MAX_HEAD_BYTES)
                     .serve_connection(TokioIo::new(stream), service);
                 let conn = graceful.watch(conn);
                 tokio::spawn(async move {
