@@ -10,7 +10,7 @@ use tollgate::reason::{Outcome, Reason};
 #[test]
 fn spin_is_stopped_and_the_engine_keeps_deciding() {
     let engine = common::engine(json!({"tenants": {"acme": {}}}), "faulty");
-    for kind in ["spin", "hog", "trap", "deep"] {
+    for kind in ["spin", "hog", "trap", "deep", "loud", "chatty"] {
         let started = Instant::now();
         let d = engine
             .admit(

@@ -187,6 +187,12 @@ impl Config {
             .map(|(k, v)| (k.to_string(), *v))
             .collect();
         for (name, value) in &input.policy_params {
+            if name.len() > crate::runtime::MAX_PARAM_NAME_BYTES {
+                return Err(ConfigError(format!(
+                    "policy_params names are at most {} bytes (a policy cannot ask for a longer one)",
+                    crate::runtime::MAX_PARAM_NAME_BYTES
+                )));
+            }
             let number = match value {
                 serde_json::Value::Bool(b) => f64::from(u8::from(*b)),
                 serde_json::Value::Number(n) => n.as_f64().unwrap_or(f64::NAN),
@@ -304,6 +310,18 @@ mod tests {
         assert_eq!(c.global_requests.capacity, 100.0);
         assert_eq!(c.global_concurrency, 4);
         assert_eq!(c.param("max_attempts"), Some(3.0));
+    }
+
+    #[test]
+    fn policy_params_are_finite_numbers_or_booleans_with_names_a_policy_can_ask_for() {
+        let with = |params| Config::from_json(&json!({ "policy_params": params }));
+        let c = with(json!({"on": true, "k": 2.5})).unwrap();
+        assert_eq!((c.param("on"), c.param("k")), (Some(1.0), Some(2.5)));
+        assert!(with(json!({"k": "2"})).is_err());
+        let longest = "n".repeat(crate::runtime::MAX_PARAM_NAME_BYTES);
+        assert!(with(json!({ longest.clone(): 1 })).is_ok());
+        let err = with(json!({ format!("{longest}n"): 1 })).unwrap_err();
+        assert!(err.to_string().contains("at most 256 bytes"), "{err}");
     }
 
     #[test]

@@ -15,6 +15,8 @@ mod bindings {
     wasmtime::component::bindgen!({
         path: "../wit",
         world: "policy",
+        // Every host function may trap: that is how a decision's host-call budget ends it.
+        imports: { default: trappable },
     });
 }
 
@@ -30,6 +32,15 @@ use bindings::{Policy, PolicyPre};
 pub const FUEL_PER_CALL: u64 = 20_000_000;
 /// Linear memory one decision may grow to.
 pub const MEMORY_PER_CALL: usize = 32 << 20;
+/// Host calls one guest call may make. Fuel counts only guest instructions, and a host
+/// call costs far more than the few units of fuel its guest side does, so without a bound
+/// a module could spend a decision's fuel on millions of them. A standard decision makes
+/// about ten.
+pub const HOST_CALLS_PER_CALL: u32 = 1_000;
+/// Longest `policy_params` name, in bytes. A longer name passed to `param` traps: the host
+/// copies every string argument, and a module asking for a 16 MiB name in a loop held one
+/// decision for minutes on the reference machine.
+pub const MAX_PARAM_NAME_BYTES: usize = 256;
 /// Instances that may be live at once (decisions, self-checks and smoke decisions of
 /// candidates). Past that an instantiation fails, and the decision fails closed.
 pub const POOL_SLOTS: u32 = 256;
@@ -211,40 +222,77 @@ impl DecisionView {
 struct HostState {
     view: DecisionView,
     limits: StoreLimits,
+    /// Host calls this guest call may still make (see [`HOST_CALLS_PER_CALL`]).
+    host_calls_left: u32,
+}
+
+impl HostState {
+    fn new(view: DecisionView, limits: StoreLimits) -> Self {
+        HostState {
+            view,
+            limits,
+            host_calls_left: HOST_CALLS_PER_CALL,
+        }
+    }
+
+    /// Counts one host call, trapping the guest once its budget is spent.
+    fn host_call(&mut self) -> wasmtime::Result<()> {
+        match self.host_calls_left.checked_sub(1) {
+            Some(left) => {
+                self.host_calls_left = left;
+                Ok(())
+            }
+            None => Err(wasmtime::Error::msg(format!(
+                "the policy made more than {HOST_CALLS_PER_CALL} host calls in one call"
+            ))),
+        }
+    }
 }
 
 impl bindings::tollgate::policy::types::Host for HostState {}
 
 impl bindings::tollgate::policy::host::Host for HostState {
-    fn now_ms(&mut self) -> i64 {
-        self.view.now_ms
+    fn now_ms(&mut self) -> wasmtime::Result<i64> {
+        self.host_call()?;
+        Ok(self.view.now_ms)
     }
 
-    fn param(&mut self, name: String) -> Option<f64> {
-        self.view.params.get(&name).copied()
+    fn param(&mut self, name: String) -> wasmtime::Result<Option<f64>> {
+        self.host_call()?;
+        if name.len() > MAX_PARAM_NAME_BYTES {
+            return Err(wasmtime::Error::msg(format!(
+                "the policy asked for a parameter name of {} bytes (at most {MAX_PARAM_NAME_BYTES})",
+                name.len()
+            )));
+        }
+        Ok(self.view.params.get(&name).copied())
     }
 
-    fn tenant_weight(&mut self) -> u32 {
-        self.view.weight
+    fn tenant_weight(&mut self) -> wasmtime::Result<u32> {
+        self.host_call()?;
+        Ok(self.view.weight)
     }
 
-    fn bucket(&mut self, kind: BucketKind) -> Option<BucketLevel> {
-        match kind {
+    fn bucket(&mut self, kind: BucketKind) -> wasmtime::Result<Option<BucketLevel>> {
+        self.host_call()?;
+        Ok(match kind {
             BucketKind::GlobalRequests => self.view.global_requests,
             BucketKind::TenantRequests => self.view.tenant_requests,
             BucketKind::TenantTokens => self.view.tenant_tokens,
-        }
+        })
     }
 
-    fn slots(&mut self, scope: SlotScope) -> Option<SlotLevel> {
-        match scope {
+    fn slots(&mut self, scope: SlotScope) -> wasmtime::Result<Option<SlotLevel>> {
+        self.host_call()?;
+        Ok(match scope {
             SlotScope::Global => self.view.global_slots,
             SlotScope::Tenant => self.view.tenant_slots,
-        }
+        })
     }
 
-    fn random(&mut self, upper: u64) -> u64 {
-        self.view.jitter.below_inclusive(upper)
+    fn random(&mut self, upper: u64) -> wasmtime::Result<u64> {
+        self.host_call()?;
+        Ok(self.view.jitter.below_inclusive(upper))
     }
 }
 
@@ -468,7 +516,7 @@ impl LoadedPolicy {
             .memories(2)
             .trap_on_grow_failure(true)
             .build();
-        let mut store = Store::new(self.pre.engine(), HostState { view, limits });
+        let mut store = Store::new(self.pre.engine(), HostState::new(view, limits));
         store.limiter(|s| &mut s.limits);
         store
             .set_fuel(FUEL_PER_CALL)
@@ -632,10 +680,23 @@ mod tests {
             "{message}"
         );
         // A trap whose backtrace has a line for every frame of a runaway recursion.
-        let faulty = load("faulty");
-        let deep = Request {
+        let fault = faulty_admit("deep-1");
+        assert!(fault.0.len() < MAX_MESSAGE_BYTES + 64, "{}", fault.0.len());
+        // The cause comes first, so the cut keeps it (the guest's shadow stack runs below
+        // address 0 before wasmtime's own stack limit is reached).
+        assert!(fault.0.starts_with("wasm trap: "), "{}", fault.0);
+        assert!(fault.0.contains("bytes in all"), "{}", fault.0);
+    }
+
+    /// The fault of `faulty` deciding on a request with `key`.
+    fn faulty_admit(key: &str) -> PolicyFault {
+        let faulty = Runtime::new()
+            .unwrap()
+            .load(builtin::get("faulty").unwrap(), u64::MAX)
+            .unwrap();
+        let request = Request {
             tenant: "acme".into(),
-            key: "deep-1".into(),
+            key: key.into(),
             route: Route::Interactive,
             input_tokens: 1,
             optional_context_tokens: 0,
@@ -644,12 +705,26 @@ mod tests {
             size_bytes: 0,
             attempt: 1,
         };
-        let fault = faulty.admit(scratch(), &deep).unwrap_err();
-        assert!(fault.0.len() < MAX_MESSAGE_BYTES + 64, "{}", fault.0.len());
-        // The cause comes first, so the cut keeps it (the guest's shadow stack runs below
-        // address 0 before wasmtime's own stack limit is reached).
-        assert!(fault.0.starts_with("wasm trap: "), "{}", fault.0);
-        assert!(fault.0.contains("bytes in all"), "{}", fault.0);
+        let view = DecisionView::scratch(Arc::new(BTreeMap::new()));
+        faulty.admit(view, &request).unwrap_err()
+    }
+
+    #[test]
+    fn host_calls_are_budgeted_and_parameter_names_bounded() {
+        // Fuel alone let these run for 140 ms and for minutes: the traps are the host's.
+        let chatty = faulty_admit("chatty-1");
+        assert!(
+            chatty.0.contains("more than 1000 host calls"),
+            "{}",
+            chatty.0
+        );
+        let loud = faulty_admit("loud-1");
+        assert!(
+            loud.0
+                .contains(&format!("a parameter name of {} bytes", 16 << 20)),
+            "{}",
+            loud.0
+        );
     }
 
     #[test]

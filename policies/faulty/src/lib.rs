@@ -1,11 +1,12 @@
 //! A fixture that misbehaves on purpose: as `standard`, except that a request whose key
-//! starts with `trap` traps, `spin` loops forever, `hog` grows memory without bound and `deep`
-//! recurses until the stack runs out; `big` allocates
+//! starts with `trap` traps, `spin` loops forever, `hog` grows memory without bound, `deep`
+//! recurses until the stack runs out, `loud` asks the host for a parameter with a 16 MiB
+//! name again and again, and `chatty` calls the host without end; `big` allocates
 //! most of a MiB (beyond the initial memory) and checks that no block overlaps another.
 
 use core::hint::black_box;
 use tollgate_guest::{
-    export_policy, standard, Admission, FailureReport, Policy, PolicyInfo, Request, RetryDecision,
+    export_policy, host, standard, Admission, FailureReport, Policy, PolicyInfo, Request, RetryDecision,
 };
 
 struct Faulty;
@@ -36,6 +37,19 @@ impl Policy for Faulty {
             let mut hoard: Vec<Vec<u8>> = Vec::new();
             loop {
                 hoard.push(black_box(vec![1u8; 1 << 20]));
+            }
+        }
+        if req.key.starts_with("loud") {
+            // Little fuel per call, and a 16 MiB string for the host to copy each time.
+            let name = "p".repeat(16 << 20);
+            loop {
+                black_box(host::param(black_box(&name)));
+            }
+        }
+        if req.key.starts_with("chatty") {
+            // Host calls as fast as the guest can make them.
+            loop {
+                black_box(host::now_ms());
             }
         }
         if req.key.starts_with("deep") {
