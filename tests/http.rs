@@ -614,6 +614,23 @@ fn a_watched_policy_is_activated_and_verification_can_refuse_it() {
         s.admit(CALLER, request("w1", "interactive", 10)).2["reason"],
         "overloaded"
     );
+    // A file far over limits.max_policy_bytes (64 GiB, sparse) is refused without being
+    // read, and the next module is activated as usual.
+    std::thread::sleep(Duration::from_millis(50));
+    std::fs::File::create(watched.join("huge.wasm"))
+        .unwrap()
+        .set_len(64 << 30)
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1000));
+    std::fs::copy(
+        policy_file(dir.path(), "standard"),
+        watched.join("later.wasm"),
+    )
+    .unwrap();
+    assert!(
+        wait_for_policy(&s, "standard"),
+        "the watcher did not go on after a file over the limit"
+    );
     assert!(s.stop().success());
 
     // With --verify-with, a module that fails the project's scenarios is refused.

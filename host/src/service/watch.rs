@@ -6,6 +6,7 @@ use super::{set_policy_gauge, Metrics};
 use crate::engine::Engine;
 use crate::runtime::PolicyDigest;
 use crate::store::AnyStore;
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -33,6 +34,16 @@ fn current(path: &Path) -> Option<(PathBuf, SystemTime, u64)> {
     }
 }
 
+/// The file's bytes, reading no more than one byte past `limit`: whatever lands in the
+/// watched folder, a file larger than any policy may be is never read whole.
+fn read_at_most(file: &Path, limit: u64) -> std::io::Result<Vec<u8>> {
+    let mut bytes = Vec::new();
+    std::fs::File::open(file)?
+        .take(limit.saturating_add(1))
+        .read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
 /// Watches `path` until `stop` is set.
 pub fn spawn(
     engine: Arc<Engine<AnyStore>>,
@@ -56,10 +67,15 @@ pub fn spawn(
                 continue;
             }
             settled = now.clone();
-            let Some((file, _, _)) = now else { continue };
-            let Ok(bytes) = std::fs::read(&file) else {
+            let Some((file, _, size)) = now else { continue };
+            let limit = engine.config().max_policy_bytes;
+            let Ok(bytes) = read_at_most(&file, limit) else {
                 continue;
             };
+            if bytes.len() as u64 > limit {
+                tracing::warn!(file = %file.display(), size, limit, "watched policy refused: over limits.max_policy_bytes");
+                continue;
+            }
             if PolicyDigest::of(&bytes) == *engine.active_policy().digest() {
                 continue;
             }
