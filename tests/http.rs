@@ -429,6 +429,41 @@ fn statuses_retry_after_and_auth() {
     assert!(metrics.contains("tollgate_writer_batch_seconds_bucket"));
     assert!(metrics.contains("tollgate_wal_restart_seconds_count 0"));
     assert!(metrics.contains("tollgate_http_responses_total{status=\"413\"}"));
+    // Gauges read from the store: the same level as the admin view (no refill there).
+    let value = |text: &str, series: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+    };
+    let credits = "tollgate_bucket_credits{bucket=\"tenant.acme.requests\"} ";
+    assert_eq!(
+        value(&metrics, credits),
+        inspect["buckets"]["tenant.acme.requests"].as_f64(),
+        "{metrics}"
+    );
+    // `/metrics` needs no key: asked for in a loop, it answers with the text it made (for
+    // a second) instead of giving the writer a job each time.
+    let read = || {
+        s.call("GET", "/metrics", None, None)
+            .2
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let jobs = |text: &str| value(text, "tollgate_writer_batch_jobs_sum ").unwrap();
+    let started = Instant::now();
+    let before = jobs(&metrics);
+    for _ in 0..50 {
+        read();
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    std::thread::sleep(Duration::from_millis(1100));
+    // One reading at most per second of the loop, and this last one.
+    let jobs_run = jobs(&read()) - before;
+    assert!(
+        jobs_run <= 1.0 + seconds.ceil(),
+        "{jobs_run} writer jobs for 50 readings in {seconds:.2} s"
+    );
     assert!(s.stop().success());
 }
 
