@@ -636,13 +636,13 @@ fn a_watched_policy_is_activated_and_verification_can_refuse_it() {
         &config(),
         &["--watch-policy", watched.to_str().unwrap()],
     );
-    std::fs::copy(
-        policy_file(dir.path(), "deny-all"),
-        watched.join("candidate.wasm"),
-    )
-    .unwrap();
+    // Puts a built-in module in the watched folder as `file`; true once it is active.
+    let place = |name: &str, file: &str| {
+        std::fs::copy(policy_file(dir.path(), name), watched.join(file)).unwrap();
+        wait_for_policy(&s, name)
+    };
     assert!(
-        wait_for_policy(&s, "deny-all"),
+        place("deny-all", "candidate.wasm"),
         "the watched module was not activated"
     );
     assert_eq!(
@@ -657,13 +657,8 @@ fn a_watched_policy_is_activated_and_verification_can_refuse_it() {
         .set_len(64 << 30)
         .unwrap();
     std::thread::sleep(Duration::from_millis(1000));
-    std::fs::copy(
-        policy_file(dir.path(), "standard"),
-        watched.join("later.wasm"),
-    )
-    .unwrap();
     assert!(
-        wait_for_policy(&s, "standard"),
+        place("standard", "later.wasm"),
         "the watcher did not go on after a file over the limit"
     );
     assert!(s.stop().success());
