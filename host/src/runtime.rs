@@ -116,7 +116,7 @@ impl PolicyFault {
 
 /// Longest text from a policy call that goes on into a log line or an HTTP answer, in bytes.
 /// A self-check's message is the module's own, and a trap's backtrace has a line per frame
-/// of the guest's stack: a hostile module could otherwise write megabytes per decision.
+/// of the guest's stack: a hostile module could otherwise put megabytes into either.
 pub const MAX_MESSAGE_BYTES: usize = 1024;
 
 /// `message` cut to at most [`MAX_MESSAGE_BYTES`] at a character boundary, followed, when

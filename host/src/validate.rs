@@ -1,5 +1,7 @@
 //! Validation of an admission request (SPEC.md section 4): strict types, bounded sizes,
-//! and the tenant check. It runs before anything is read or spent.
+//! and the tenant check; and the shape every JSON body must have (one object, each member
+//! named once, never an array standing for an object). It runs before anything is read
+//! or spent.
 
 use crate::config::Config;
 use crate::model::{Request, Route};
@@ -198,8 +200,9 @@ mod tests {
                 String::from_utf8_lossy(bad)
             );
         }
-        // Names repeated in nested values are the field's own parser's to refuse.
-        assert!(object(br#"{"key": {"a": 1, "b": 2}}"#).is_ok());
+        // Inside a member's value, names are the field's own parser's to check (every
+        // admission field is a scalar, so an object there is refused as a wrong type).
+        assert!(object(br#"{"key": {"a": 1, "a": 2}}"#).is_ok());
     }
 
     #[test]

@@ -169,9 +169,10 @@ async fn count_responses(
     response
 }
 
-/// The role of the request's bearer key: 401 when missing or unknown.
+/// The role of the request's bearer key: 401 when missing, unknown, of another scheme, or
+/// given in more than one `Authorization` header.
 fn role(s: &AppState, headers: &HeaderMap) -> Result<Role, Refusal> {
-    // Exactly one header: with two, a proxy in front might have checked the other key.
+    // With two headers, a proxy in front might have checked the other key.
     let mut values = headers.get_all(header::AUTHORIZATION).iter();
     let key = match (values.next(), values.next()) {
         (Some(value), None) => value.to_str().ok().and_then(bearer),
