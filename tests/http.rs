@@ -1007,8 +1007,10 @@ fn spoiled(valid: &Value, keep: &[&str]) -> Vec<Vec<u8>> {
             out.push(without.to_string().into_bytes());
         }
         for w in &wrong {
-            // A value of the field's own kind may be valid (say, -1 for a deadline), and
-            // so is null for an optional field (read as absent).
+            // A value of the field's own kind may be valid, and so is null for an optional
+            // field (read as absent): neither is sent. Counts hold non-negative integers,
+            // so -1 and 1.5 are another kind for them (-1 is sent as a deadline too:
+            // well-formed, and refused 504 below).
             let same_kind = std::mem::discriminant(w) == std::mem::discriminant(value)
                 && !(value.is_u64() && (w.is_f64() || w.as_i64().is_some_and(|n| n < 0)));
             let optional_null = w.is_null() && keep.contains(&name.as_str());
