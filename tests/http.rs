@@ -551,14 +551,7 @@ fn swap_under_load_and_restart_keeps_state() {
         accepted += c.join().unwrap().0;
     }
     // A refused module: 422, the old policy stays.
-    let broken = policy_file(dir.path(), "broken");
-    let refused = ureq::put(&format!("{}/v1/admin/policy", s.base))
-        .set("Authorization", &format!("Bearer {ADMIN}"))
-        .send_bytes(&std::fs::read(&broken).unwrap());
-    let Err(ureq::Error::Status(422, r)) = refused else {
-        panic!("broken policy not refused")
-    };
-    let body: Value = serde_json::from_str(&r.into_string().unwrap()).unwrap();
+    let body: Value = serde_json::from_str(&refused_policy(&s, "broken")).unwrap();
     assert!(
         body["error"]
             .as_str()
@@ -568,14 +561,7 @@ fn swap_under_load_and_restart_keeps_state() {
     );
     // A module whose self-check fails with 4 MiB of text: refused, and the answer
     // carries only the first KiB of it.
-    let verbose = policy_file(dir.path(), "verbose");
-    let refused = ureq::put(&format!("{}/v1/admin/policy", s.base))
-        .set("Authorization", &format!("Bearer {ADMIN}"))
-        .send_bytes(&std::fs::read(&verbose).unwrap());
-    let Err(ureq::Error::Status(422, r)) = refused else {
-        panic!("verbose policy not refused")
-    };
-    let text = r.into_string().unwrap();
+    let text = refused_policy(&s, "verbose");
     assert!(text.len() < 2048, "{} bytes", text.len());
     assert!(text.contains("self-check failed"), "{text}");
     assert_eq!(
@@ -602,6 +588,17 @@ fn swap_under_load_and_restart_keeps_state() {
 }
 
 /// Writes a built-in policy to a file, as a policy author's build would produce it.
+/// PUTs the built-in module `name` as the policy, which must be refused (422): the answer.
+fn refused_policy(s: &Server, name: &str) -> String {
+    let answer = ureq::put(&format!("{}/v1/admin/policy", s.base))
+        .set("Authorization", &format!("Bearer {ADMIN}"))
+        .send_bytes(tollgate::runtime::builtin::get(name).unwrap());
+    let Err(ureq::Error::Status(422, r)) = answer else {
+        panic!("policy {name} was not refused")
+    };
+    r.into_string().unwrap()
+}
+
 fn policy_file(dir: &Path, name: &str) -> PathBuf {
     let path = dir.join(format!("{name}.wasm"));
     std::fs::write(&path, tollgate::runtime::builtin::get(name).unwrap()).unwrap();
@@ -687,13 +684,7 @@ fn a_watched_policy_is_activated_and_verification_can_refuse_it() {
         !wait_for_policy(&s, "deny-all"),
         "an unverified module was activated"
     );
-    let refused = ureq::put(&format!("{}/v1/admin/policy", s.base))
-        .set("Authorization", &format!("Bearer {ADMIN}"))
-        .send_bytes(tollgate::runtime::builtin::get("deny-all").unwrap());
-    let Err(ureq::Error::Status(422, r)) = refused else {
-        panic!("unverified policy not refused over HTTP")
-    };
-    assert!(r.into_string().unwrap().contains("verification"));
+    assert!(refused_policy(&s, "deny-all").contains("verification"));
     assert_eq!(
         s.call("GET", "/v1/admin/policy", Some(ADMIN), None).2["name"],
         "standard"
