@@ -89,7 +89,7 @@ impl PgStore {
             tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ENGINE_LOCK])?;
             tx.batch_execute(&schema::tables("BIGSERIAL PRIMARY KEY"))?;
             let found = tx
-                .query_opt("SELECT value FROM meta WHERE name = 'schema_version'", &[])?
+                .query_opt(schema::READ_VERSION_SQL, &[])?
                 .map(|r| r.get(0));
             if schema::check_version(found, schema::POSTGRES_VERSION)? {
                 tx.execute(

@@ -51,6 +51,9 @@ pub fn check_version(found: Option<String>, ours: i64) -> Result<bool, StoreErro
     }
 }
 
+/// Reads the recorded schema version from `meta` (no row in a new database).
+pub const READ_VERSION_SQL: &str = "SELECT value FROM meta WHERE name = 'schema_version'";
+
 /// Records `version` in `meta` (the dialects share the upsert syntax); `$1`/`?1` is spelled
 /// by the caller.
 pub fn record_version_sql(placeholder: &str) -> String {

@@ -215,11 +215,7 @@ impl SqliteStore {
             tx.execute_batch(&schema::tables("INTEGER PRIMARY KEY AUTOINCREMENT"))?;
             tx.execute_batch(bucket_log::TABLE)?;
             let found = tx
-                .query_row(
-                    "SELECT value FROM meta WHERE name = 'schema_version'",
-                    [],
-                    |r| r.get(0),
-                )
+                .query_row(schema::READ_VERSION_SQL, [], |r| r.get(0))
                 .optional()?;
             if schema::check_version(found, schema::SQLITE_VERSION)? {
                 tx.execute(
@@ -778,6 +774,13 @@ mod tests {
         commits
     }
 
+    /// Commits one bucket's balance.
+    fn set(store: &mut SqliteStore, name: &str, balance_micro: i64) {
+        store
+            .transaction(|tx| tx.set_bucket(name, state(balance_micro)))
+            .unwrap();
+    }
+
     fn read(store: &mut SqliteStore, name: &str) -> Option<i64> {
         store
             .transaction(|tx| Ok::<_, StoreError>(tx.bucket(name)?.map(|s| s.balance_micro)))
@@ -787,22 +790,16 @@ mod tests {
     #[test]
     fn cached_rows_reach_sql_at_commit_and_follow_other_connections() {
         let (_dir, path, mut store) = fresh();
-        store
-            .transaction(|tx| tx.set_bucket("x", state(5)))
-            .unwrap();
+        set(&mut store, "x", 5);
         assert_eq!(in_sql(&path, "x"), Some(5));
         assert_eq!(read(&mut store, "x"), Some(5));
         // Another connection commits: the cached row is not trusted any more.
         let mut other = SqliteStore::open(&path).unwrap();
         assert_eq!(read(&mut other, "x"), Some(5));
-        other
-            .transaction(|tx| tx.set_bucket("x", state(42)))
-            .unwrap();
+        set(&mut other, "x", 42);
         assert_eq!(read(&mut store, "x"), Some(42));
         // And the other way round, through the log each of them folds when it must.
-        store
-            .transaction(|tx| tx.set_bucket("x", state(43)))
-            .unwrap();
+        set(&mut store, "x", 43);
         assert_eq!(read(&mut other, "x"), Some(43));
     }
 
@@ -887,9 +884,7 @@ mod tests {
     #[test]
     fn a_damaged_log_row_is_an_error_and_nothing_is_lost() {
         let (_dir, path, mut store) = fresh();
-        store
-            .transaction(|tx| tx.set_bucket("a", state(7)))
-            .unwrap();
+        set(&mut store, "a", 7);
         drop(store);
         let conn = Connection::open(&path).unwrap();
         conn.execute("UPDATE bucket_log SET states = x'0500'", [])
@@ -911,16 +906,10 @@ mod tests {
         let version = |path: &Path| -> String {
             Connection::open(path)
                 .unwrap()
-                .query_row(
-                    "SELECT value FROM meta WHERE name = 'schema_version'",
-                    [],
-                    |r| r.get(0),
-                )
+                .query_row(schema::READ_VERSION_SQL, [], |r| r.get(0))
                 .unwrap()
         };
-        store
-            .transaction(|tx| tx.set_bucket("a", state(7)))
-            .unwrap();
+        set(&mut store, "a", 7);
         drop(store);
         assert_eq!(version(&path), "2");
         // What a host of version 1 left: balances in `buckets`, no log table.
@@ -933,9 +922,7 @@ mod tests {
         .unwrap();
         let mut store = SqliteStore::open(&path).unwrap();
         assert_eq!(read(&mut store, "a"), Some(9));
-        store
-            .transaction(|tx| tx.set_bucket("a", state(8)))
-            .unwrap();
+        set(&mut store, "a", 8);
         assert_eq!(version(&path), "2");
         drop(store);
         conn.execute(
