@@ -315,11 +315,11 @@ impl MachineTicks {
             .map(str::parse)
             .collect::<Result<_, _>>()
             .ok()?;
-        let [.., idle, iowait, _, _, steal] = f[..] else {
+        let [user, nice, system, idle, iowait, irq, softirq, steal] = f[..] else {
             return None;
         };
         Some(MachineTicks {
-            total: f.iter().sum(),
+            total: user + nice + system + idle + iowait + irq + softirq + steal,
             idle: idle + iowait,
             steal,
         })
