@@ -3,7 +3,10 @@
 //!
 //! In the style of wasmtime's test-programs: a nested `cargo build` for
 //! `wasm32-unknown-unknown` in its own target directory, then each core module is turned
-//! into a component with `wit-component`, and `policies.rs` lists them for `include_bytes!`.
+//! into a component with `wit-component`. The production policies are listed in
+//! `policies.rs` for `include_bytes!` (they ship in the binary); the test fixtures are
+//! written to `target/policies/components/` for the tests and the conformance runner, and
+//! never ship.
 
 use std::env;
 use std::fmt::Write as _;
@@ -12,15 +15,17 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 const TARGET: &str = "wasm32-unknown-unknown";
-const POLICIES: &[&str] = &[
-    "standard",
-    "deny-all",
+/// The policies the `tollgate` binary carries: what production may select.
+const PRODUCTION: &[&str] = &["standard", "deny-all"];
+/// Built for the tests only (`policies/fixtures/`).
+const FIXTURES: &[&str] = &[
     "faulty",
     "retry-everything",
     "broken",
     "mistyped",
     "greedy",
     "verbose",
+    "quiet-hours",
 ];
 
 fn main() {
@@ -69,11 +74,13 @@ fn main() {
         "building the policy components under policies/ failed"
     );
 
+    let components = target_dir.join("components");
+    fs::create_dir_all(&components).unwrap();
     let mut listing = String::from(
-        "/// The policy components built from `policies/`, by name.\n\
+        "/// The production policy components built from `policies/`, by name.\n\
          pub const BUILTIN: &[(&str, &[u8])] = &[\n",
     );
-    for name in POLICIES {
+    for name in PRODUCTION.iter().chain(FIXTURES) {
         let module_path = target_dir
             .join(TARGET)
             .join("release")
@@ -84,17 +91,26 @@ fn main() {
             .module(&module)
             .and_then(|encoder| encoder.validate(true).encode())
             .unwrap_or_else(|e| panic!("making a component of policy {name}: {e:?}"));
-        let component_path = out_dir.join(format!("{name}.wasm"));
-        fs::write(&component_path, component).unwrap();
-        writeln!(
-            listing,
-            "    ({name:?}, include_bytes!({:?})),",
-            component_path.display().to_string()
-        )
-        .unwrap();
+        let component_path = components.join(format!("{name}.wasm"));
+        fs::write(&component_path, &component).unwrap();
+        if PRODUCTION.contains(name) {
+            let shipped = out_dir.join(format!("{name}.wasm"));
+            fs::write(&shipped, component).unwrap();
+            writeln!(
+                listing,
+                "    ({name:?}, include_bytes!({:?})),",
+                shipped.display().to_string()
+            )
+            .unwrap();
+        }
     }
     listing.push_str("];\n");
     fs::write(out_dir.join("policies.rs"), listing).unwrap();
+    // Where the fixtures are, for the conformance runner and the tests of this build.
+    println!(
+        "cargo:rustc-env=TOLLGATE_BUILD_FIXTURES={}",
+        components.display()
+    );
 }
 
 /// Fails the build with the command that fixes it when the wasm target is missing.

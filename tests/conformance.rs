@@ -105,25 +105,3 @@ fn unknown_fields_make_the_file_invalid() {
         assert!(Scenario::load(&path).is_err(), "{name} should be refused");
     }
 }
-
-#[test]
-fn native_build_of_the_standard_rules_passes_the_same_scenarios() {
-    // The same `standard.rs`, compiled natively: the benchmark's native figure measures
-    // the very rules the wasm policy runs.
-    let mut runner = Runner::new(Runtime::new().unwrap());
-    runner.default_decider = Some(std::sync::Arc::new(
-        tollgate::native::NativeStandard::default(),
-    ));
-    let mut folders = vec![root().join("tests/scenarios")];
-    if root().join("../shared/scenarios").is_dir() {
-        folders.push(root().join("../shared/scenarios"));
-    }
-    let mut failures = Vec::new();
-    for file in collect(&folders).unwrap() {
-        match Scenario::load(&file).and_then(|s| runner.run(&s)) {
-            Ok(m) => failures.extend(m.iter().map(|m| format!("{}: {m}", file.display()))),
-            Err(e) => failures.push(e.to_string()),
-        }
-    }
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
-}

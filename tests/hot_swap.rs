@@ -73,7 +73,7 @@ fn decisions_during_hundreds_of_swaps_each_use_one_version() {
     for i in 0..swaps {
         let name = if i % 2 == 0 { "deny-all" } else { "standard" };
         let identity = engine
-            .swap_policy(builtin::get(name).unwrap())
+            .swap_policy(&common::policy_bytes(name))
             .expect("swap succeeds");
         assert_eq!(identity.name, name);
     }
@@ -120,7 +120,7 @@ fn refused_candidates_leave_the_active_policy() {
     let engine = common::engine(json!({"tenants": {"acme": {}}}), "standard");
     let before = engine.policy_identity();
     for bad in [
-        builtin::get("broken").unwrap().to_vec(),
+        common::policy_bytes("broken"),
         b"not wasm".to_vec(),
         Vec::new(),
     ] {

@@ -9,10 +9,10 @@
 
 mod common;
 
+use common::server::{now_ms, post, Server};
 use serde_json::{json, Value};
 use std::collections::HashSet;
 use std::path::Path;
-use std::process::Child;
 
 const CALLER: &str = "acme-key";
 const SLOTTY: &str = "slotty-key";
@@ -57,59 +57,23 @@ impl Drop for Database {
     }
 }
 
-struct Replica {
-    child: Child,
-    base: String,
-}
-
-impl Replica {
-    fn start(dir: &Path, n: usize, db: &str) -> Replica {
-        let config = json!({
-            "auth": {"callers": {CALLER: "acme", SLOTTY: "slotty"}, "workers": ["w1", "w2"], "admins": [ADMIN]},
-            "global": {"requests": {"capacity": 100000, "refill_per_s": 0}, "concurrency": 1000},
-            "tenant_defaults": {"tokens": {"capacity": 1e9, "refill_per_s": 0}, "queue_limit": 1000},
-            "tenants": {
-                "acme": {"requests": {"capacity": 50, "refill_per_s": 0}},
-                "slotty": {"requests": {"capacity": 1000, "refill_per_s": 0}, "concurrency": 3}
-            },
-            "scheduler": {"max_claims_per_worker": 1000}
-        });
-        let path = dir.join(format!("replica-{n}.json"));
-        std::fs::write(&path, config.to_string()).unwrap();
-        let (child, base) = common::spawn_serve(&["--config", path.to_str().unwrap(), "--db", db]);
-        Replica { child, base }
-    }
-}
-
-impl Drop for Replica {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn post(base: &str, path: &str, key: &str, body: &Value) -> (u16, Value) {
-    let r = ureq::post(&format!("{base}{path}"))
-        .set("Authorization", &format!("Bearer {key}"))
-        .send_string(&body.to_string());
-    let r = match r {
-        Ok(r) => r,
-        Err(ureq::Error::Status(_, r)) => r,
-        Err(e) => panic!("{path}: {e}"),
-    };
-    let status = r.status();
-    (
-        status,
-        serde_json::from_str(&r.into_string().unwrap()).unwrap(),
-    )
+/// A replica: `tollgate serve` on the shared database, with the replicas' configuration.
+fn replica(dir: &Path, n: usize, db: &str) -> Server {
+    let config = json!({
+        "auth": {"callers": {CALLER: "acme", SLOTTY: "slotty"}, "workers": ["w1", "w2"], "admins": [ADMIN]},
+        "global": {"requests": {"capacity": 100000, "refill_per_s": 0}, "concurrency": 1000},
+        "tenant_defaults": {"tokens": {"capacity": 1e9, "refill_per_s": 0}, "queue_limit": 1000},
+        "tenants": {
+            "acme": {"requests": {"capacity": 50, "refill_per_s": 0}},
+            "slotty": {"requests": {"capacity": 1000, "refill_per_s": 0}, "concurrency": 3}
+        },
+        "scheduler": {"max_claims_per_worker": 1000}
+    });
+    Server::start_on(dir, &format!("replica-{n}"), &config, db, &[])
 }
 
 fn admit(base: &str, key: &str, op: &str, route: &str) -> (u16, Value) {
-    let deadline = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64
-        + 600_000;
+    let deadline = now_ms() + 600_000;
     let body = json!({"key": op, "route": route, "input_tokens": 10, "max_output_tokens": 10, "deadline_ms": deadline});
     post(base, "/v1/admit", key, &body)
 }
@@ -120,8 +84,8 @@ fn budgets_slots_and_keys_hold_across_replicas() {
     let db = Database::create("budgets");
     let dir = tempfile::tempdir().unwrap();
     let replicas = [
-        Replica::start(dir.path(), 1, &db.url()),
-        Replica::start(dir.path(), 2, &db.url()),
+        replica(dir.path(), 1, &db.url()),
+        replica(dir.path(), 2, &db.url()),
     ];
     let bases: Vec<String> = replicas.iter().map(|r| r.base.clone()).collect();
 
@@ -203,8 +167,8 @@ fn workers_on_different_replicas_never_claim_the_same_job() {
     let db = Database::create("dispatch");
     let dir = tempfile::tempdir().unwrap();
     let replicas = [
-        Replica::start(dir.path(), 1, &db.url()),
-        Replica::start(dir.path(), 2, &db.url()),
+        replica(dir.path(), 1, &db.url()),
+        replica(dir.path(), 2, &db.url()),
     ];
     for i in 0..40 {
         let (status, _) = admit(

@@ -1,28 +1,29 @@
 //! tollgate: admission control and fair scheduling for expensive provider calls.
 //!
-//! The map, top-down:
-//! - [`runtime`]: wasmtime, limits, policy digests; policies as sandboxed components.
-//! - [`store`]: the narrow storage interface and its SQLite backend.
-//! - [`engine`]: admission, completion, dispatch and policy activation over a store.
-//! - [`bucket`]: token-bucket arithmetic, pure and clock-free.
-//! - [`config`], [`validate`], [`model`], [`reason`]: the vocabulary.
-//! - [`scenario`]: the conformance runner for scenario files.
+//! Embed it to decide admissions in your own process: open a [`store`], load a policy with
+//! a [`runtime::Runtime`], and drive an [`Engine`] (admit, complete, dispatch, swap). The
+//! map, top-down:
+//! - [`engine`]: admission, completion, dispatch and policy activation over a store; time
+//!   is always an argument.
+//! - [`runtime`]: wasmtime, sandbox limits, policy digests; policies as components.
+//! - [`store`]: the narrow storage interface, its SQLite backend (embedded, one writer) and
+//!   its PostgreSQL backend (shared by replicas).
+//! - [`config`]: one configuration format for every command.
+//! - [`model`], [`reason`]: the vocabulary of requests, operations and outcomes.
+//! - [`scenario`]: the conformance runner for scenario files, and the verifier swaps use.
 //! - [`service`]: `tollgate serve`, the engine behind HTTP.
+//!
+//! `examples/embed.rs` shows the whole loop in a few dozen lines.
 
-pub mod bench;
 pub mod bucket;
 pub mod config;
 pub mod engine;
 pub mod model;
-pub mod native;
 pub mod reason;
 pub mod runtime;
 pub mod scenario;
 pub mod service;
 pub mod store;
-pub mod validate;
+pub(crate) mod validate;
 
 pub use engine::Engine;
-
-// The guest SDK's `standard.rs`, compiled natively by `native`, names `alloc`.
-extern crate alloc;

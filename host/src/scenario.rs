@@ -3,7 +3,7 @@
 //! error of the file, so a typo in a fixture cannot pass silently.
 
 use crate::config::Config;
-use crate::engine::{Completion, Engine, Reconciliation};
+use crate::engine::{Completion, Engine, Reconciliation, Verifier};
 use crate::model::{CallResult, Resolution, Usage};
 use crate::runtime::{builtin, Decider, Runtime};
 use crate::store::{SqliteStore, Store};
@@ -249,30 +249,33 @@ impl fmt::Display for Mismatch {
     }
 }
 
-/// Resolves a policy name (built from `policies/`) or a `.wasm` path to its bytes. Relative
-/// paths are tried beside the scenario file, then from the working directory.
-pub fn resolve_policy(spec: &str, base: Option<&Path>) -> Result<Vec<u8>, String> {
-    if let Some(bytes) = builtin::get(spec) {
-        return Ok(bytes.to_vec());
+/// The folder of test fixture components (`policies/fixtures/`, built beside the binary's
+/// own policies but not carried in it): `TOLLGATE_FIXTURES` when set, else where this build
+/// wrote them.
+pub fn default_fixtures() -> PathBuf {
+    std::env::var_os("TOLLGATE_FIXTURES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("TOLLGATE_BUILD_FIXTURES")))
+}
+
+/// Resolves a policy a scenario names: a built-in policy, a `.wasm` path (tried beside the
+/// scenario file, then from the working directory), or a test fixture's name, read from
+/// `fixtures`.
+pub fn resolve_policy(spec: &str, base: Option<&Path>, fixtures: &Path) -> Result<Vec<u8>, String> {
+    if builtin::get(spec).is_some() || spec.ends_with(".wasm") {
+        return builtin::resolve(spec, base);
     }
-    if spec.ends_with(".wasm") {
-        let candidates: Vec<PathBuf> = base
-            .map(|b| b.join(spec))
-            .into_iter()
-            .chain(std::iter::once(PathBuf::from(spec)))
-            .collect();
-        for c in &candidates {
-            if let Ok(bytes) = std::fs::read(c) {
-                return Ok(bytes);
-            }
+    let is_name = !spec.is_empty()
+        && spec.len() <= 64
+        && spec
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+    if is_name {
+        if let Ok(bytes) = std::fs::read(fixtures.join(format!("{spec}.wasm"))) {
+            return Ok(bytes);
         }
-        return Err(format!("policy file {spec} not found"));
     }
-    let names: Vec<&str> = builtin::names().collect();
-    Err(format!(
-        "unknown policy {spec:?} (built-in: {})",
-        names.join(", ")
-    ))
+    builtin::resolve(spec, base)
 }
 
 /// Runs scenarios against the engine, each in a fresh in-memory store.
@@ -283,6 +286,8 @@ pub struct Runner {
     /// A decider for scenarios that do not name a policy, instead of `default_policy`
     /// (native rules, checked against the same scenarios as their wasm build).
     pub default_decider: Option<Arc<dyn Decider>>,
+    /// Where test fixtures named by scenarios are found (see [`default_fixtures`]).
+    pub fixtures: PathBuf,
 }
 
 impl Runner {
@@ -291,6 +296,7 @@ impl Runner {
             runtime,
             default_policy: "standard".into(),
             default_decider: None,
+            fixtures: default_fixtures(),
         }
     }
 
@@ -307,7 +313,8 @@ impl Runner {
             (None, Some(decider)) => decider.clone(),
             (named, _) => {
                 let spec = named.clone().unwrap_or_else(|| self.default_policy.clone());
-                let bytes = resolve_policy(&spec, base).map_err(|m| self.err(s, m))?;
+                let bytes =
+                    resolve_policy(&spec, base, &self.fixtures).map_err(|m| self.err(s, m))?;
                 let loaded = self
                     .runtime
                     .load(&bytes, s.config.max_policy_bytes)
@@ -388,7 +395,7 @@ impl Runner {
             })),
             Op::SetDownstream(d) => to_value(engine.set_downstream(d.available).map(|_| json!({}))),
             Op::SwapPolicy(p) => {
-                let result = resolve_policy(&p.policy, base)
+                let result = resolve_policy(&p.policy, base, &self.fixtures)
                     .and_then(|bytes| engine.swap_policy(&bytes).map_err(|e| e.to_string()));
                 Ok(match result {
                     Ok(identity) => json!({"ok": true, "policy": identity}),
@@ -499,30 +506,42 @@ fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
 /// Runs scenario files against a candidate policy before it is activated (policy authors'
 /// CI uses the same runner). Scenarios that do not name a policy use the candidate; those
 /// that name a fixture keep it. Every failure is listed.
-pub fn verify(
-    runtime: &Runtime,
-    candidate: Arc<dyn Decider>,
-    paths: &[PathBuf],
-) -> Result<usize, String> {
-    let files = collect(paths)?;
-    let mut runner = Runner::new(runtime.clone());
-    runner.default_decider = Some(candidate);
-    let mut failures = Vec::new();
-    for file in &files {
-        match Scenario::load(file).and_then(|s| runner.run(&s).map(|m| (s.name, m))) {
-            Ok((_, m)) if m.is_empty() => {}
-            Ok((name, m)) => failures.extend(m.iter().map(|m| format!("{name}: {m}"))),
-            Err(e) => failures.push(e.to_string()),
-        }
+pub struct ScenarioVerifier {
+    paths: Vec<PathBuf>,
+}
+
+impl ScenarioVerifier {
+    /// Every scenario file under `paths` (none: every candidate passes).
+    pub fn new(paths: Vec<PathBuf>) -> Self {
+        ScenarioVerifier { paths }
     }
-    if failures.is_empty() {
-        Ok(files.len())
-    } else {
-        Err(format!(
-            "{} scenario step(s) failed against the candidate:\n{}",
-            failures.len(),
-            failures.join("\n")
-        ))
+}
+
+impl Verifier for ScenarioVerifier {
+    fn verify(&self, runtime: &Runtime, candidate: Arc<dyn Decider>) -> Result<(), String> {
+        if self.paths.is_empty() {
+            return Ok(());
+        }
+        let files = collect(&self.paths)?;
+        let mut runner = Runner::new(runtime.clone());
+        runner.default_decider = Some(candidate);
+        let mut failures = Vec::new();
+        for file in &files {
+            match Scenario::load(file).and_then(|s| runner.run(&s).map(|m| (s.name, m))) {
+                Ok((_, m)) if m.is_empty() => {}
+                Ok((name, m)) => failures.extend(m.iter().map(|m| format!("{name}: {m}"))),
+                Err(e) => failures.push(e.to_string()),
+            }
+        }
+        if failures.is_empty() {
+            Ok(())
+        } else {
+            Err(format!(
+                "{} scenario step(s) failed against the candidate:\n{}",
+                failures.len(),
+                failures.join("\n")
+            ))
+        }
     }
 }
 

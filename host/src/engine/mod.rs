@@ -16,7 +16,7 @@ pub use admission::Decision;
 pub use batch::{Answer, Job};
 pub use completion::{Completion, CompletionAnswer, Reconciliation};
 pub use dispatch::{Claim, DispatchAnswer, DispatchReason};
-pub use swap::{PolicyIdentity, SwapError};
+pub use swap::{NoVerifier, PolicyIdentity, SwapError, Verifier};
 
 use crate::config::Config;
 use crate::model::{JobRef, OpState, Operation};

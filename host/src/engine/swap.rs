@@ -4,7 +4,7 @@
 
 use super::{Engine, Policies};
 use crate::reason::Reason;
-use crate::runtime::{Decider, DecisionView, LoadError};
+use crate::runtime::{Decider, DecisionView, LoadError, Runtime};
 use crate::store::{SqliteStore, Store, StoreError};
 use serde::Serialize;
 use std::sync::Arc;
@@ -41,6 +41,23 @@ pub enum SwapError {
     NoPrevious,
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+/// A check a candidate must pass before activation, beyond the world, its self-check and
+/// the smoke decisions: the scenario files of `--verify-with`, say. The caller supplies it,
+/// so the engine knows nothing of scenario files.
+pub trait Verifier {
+    /// `Err` with the reason refuses the candidate.
+    fn verify(&self, runtime: &Runtime, candidate: Arc<dyn Decider>) -> Result<(), String>;
+}
+
+/// Passes every candidate: activation's own checks only.
+pub struct NoVerifier;
+
+impl Verifier for NoVerifier {
+    fn verify(&self, _: &Runtime, _: Arc<dyn Decider>) -> Result<(), String> {
+        Ok(())
+    }
 }
 
 impl<S: Store> Engine<S> {
@@ -82,14 +99,13 @@ impl<S: Store> Engine<S> {
         Ok(self.activate(candidate))
     }
 
-    /// As [`Engine::swap_policy`], with the candidate also run against scenario files first
-    /// (`--verify-with`): any failing step refuses it.
+    /// As [`Engine::swap_policy`], with the candidate also given to `verifier` first.
     pub fn swap_policy_verified(
         &self,
         bytes: &[u8],
-        scenarios: &[std::path::PathBuf],
+        verifier: &dyn Verifier,
     ) -> Result<PolicyIdentity, SwapError> {
-        let candidate = self.check_verified(bytes, scenarios)?;
+        let candidate = self.check_verified(bytes, verifier)?;
         Ok(self.activate(candidate))
     }
 
@@ -97,18 +113,17 @@ impl<S: Store> Engine<S> {
     pub fn check_verified(
         &self,
         bytes: &[u8],
-        scenarios: &[std::path::PathBuf],
+        verifier: &dyn Verifier,
     ) -> Result<Arc<dyn Decider>, SwapError> {
         let candidate = self.check_candidate(bytes)?;
-        if !scenarios.is_empty() {
-            crate::scenario::verify(&self.runtime, candidate.clone(), scenarios)
-                .map_err(SwapError::Verify)?;
-        }
+        verifier
+            .verify(&self.runtime, candidate.clone())
+            .map_err(SwapError::Verify)?;
         Ok(candidate)
     }
 
     /// The runtime policies are loaded with.
-    pub fn runtime(&self) -> &crate::runtime::Runtime {
+    pub fn runtime(&self) -> &Runtime {
         &self.runtime
     }
 

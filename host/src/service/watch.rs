@@ -49,7 +49,7 @@ pub fn spawn(
     engine: Arc<Engine<AnyStore>>,
     metrics: Metrics,
     path: PathBuf,
-    verify_with: Vec<PathBuf>,
+    verifier: std::sync::Arc<crate::scenario::ScenarioVerifier>,
     stop: Arc<AtomicBool>,
 ) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
@@ -79,7 +79,7 @@ pub fn spawn(
             if PolicyDigest::of(&bytes) == *engine.active_policy().digest() {
                 continue;
             }
-            match engine.swap_policy_verified(&bytes, &verify_with) {
+            match engine.swap_policy_verified(&bytes, verifier.as_ref()) {
                 Ok(id) => {
                     tracing::info!(file = %file.display(), name = %id.name, version = %id.version, sha256 = %id.sha256, "watched policy activated");
                     set_policy_gauge(&engine, &metrics);

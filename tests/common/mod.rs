@@ -1,5 +1,5 @@
 //! Helpers shared by the integration tests.
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -8,12 +8,27 @@ use tollgate::runtime::{builtin, Runtime};
 use tollgate::store::{SqliteStore, Store, StoreError, Tx};
 use tollgate::Engine;
 
+pub mod http;
+pub mod server;
+
+/// A policy component by name: a built-in one, or a test fixture this build made
+/// (`policies/fixtures/`).
+pub fn policy_bytes(name: &str) -> Vec<u8> {
+    match builtin::get(name) {
+        Some(bytes) => bytes.to_vec(),
+        None => {
+            tollgate::scenario::resolve_policy(name, None, &tollgate::scenario::default_fixtures())
+                .unwrap_or_else(|e| panic!("policy {name}: {e}"))
+        }
+    }
+}
+
 /// An engine on `store` with a configuration given as JSON and a built-in policy.
 pub fn engine_on<S: Store>(config: Value, store: S, policy: &str) -> Engine<S> {
     let runtime = Runtime::new().expect("wasmtime starts");
     let config = Config::from_json(&config).expect("valid configuration");
     let policy = runtime
-        .load(builtin::get(policy).expect("built-in policy"), u64::MAX)
+        .load(&policy_bytes(policy), u64::MAX)
         .expect("policy loads");
     Engine::new(config, store, runtime, Arc::new(policy))
 }

@@ -1,5 +1,5 @@
 //! What activating a policy costs: compiling it, and activating it again once compiled.
-//! `cargo run --release --example activation_cost`
+//! `cargo run --release -p tollgate-bench --example activation_cost`
 
 use std::time::Instant;
 use tollgate::runtime::{builtin, Runtime};

@@ -1,5 +1,5 @@
 //! How long one policy call takes: a fresh instance from the pool, fuel, the call.
-//! `cargo run --release --example policy_call_cost` (`N=300000` for more calls, e.g. under
+//! `cargo run --release -p tollgate-bench --example policy_call_cost` (`N=300000` for more calls, e.g. under
 //! `perf record`)
 
 use std::collections::BTreeMap;
@@ -12,7 +12,7 @@ fn main() {
     let wasm = runtime
         .load(builtin::get("standard").unwrap(), u64::MAX)
         .unwrap();
-    let native = tollgate::native::NativeStandard::default();
+    let native = tollgate_bench::native::NativeStandard::default();
     let params = Arc::new(BTreeMap::new());
     let req = Request {
         tenant: "acme".into(),

@@ -1,5 +1,11 @@
-//! The engine's configuration (SPEC.md section 9): every field has the documented default,
-//! merged field by field; unknown fields are errors, never silently ignored.
+//! One configuration format for every command (`docs/configuration.md`). [`Config`] is
+//! the engine's part, which scenario files carry too: every field has the documented
+//! default, merged field by field; unknown fields are errors, never silently ignored.
+//! [`ConfigFile`] is a whole file: the engine's part plus `auth`, `policy` and the server's
+//! limits.
+
+mod file;
+pub use file::{ConfigFile, Role, DEFAULT_MAX_CONNECTIONS};
 
 use crate::bucket::Limits;
 use serde::{Deserialize, Serialize};

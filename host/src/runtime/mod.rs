@@ -2,14 +2,13 @@
 //! fresh, limited `Store` and instance for every decision, so that no decision can see state
 //! another left in guest memory and a faulted instance is never reused.
 
-use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::{Arc, Mutex};
 use wasmtime::component::{
     Component, ComponentExportIndex, ComponentNamedList, HasSelf, Lift, Linker, Lower, TypedFunc,
 };
-use wasmtime::{Engine, Store, StoreLimits, StoreLimitsBuilder};
+use wasmtime::{Engine, Store, StoreLimitsBuilder};
 
 mod bindings {
     wasmtime::component::bindgen!({
@@ -25,6 +24,15 @@ pub use bindings::tollgate::policy::types::{
     Refusal, RefusalReason, Request, RetryDecision, Route, SlotLevel, SlotScope,
 };
 use bindings::{Policy, PolicyPre};
+use host::HostState;
+
+pub mod builtin;
+mod digest;
+mod host;
+mod view;
+
+pub use digest::{hex, PolicyDigest};
+pub use view::{DecisionView, Jitter};
 
 /// Fuel for one guest call. A call that runs out traps; about 2 ms of guest work on the
 /// reference machine (measured by `runtime::tests::spin_is_stopped`), far above the few
@@ -44,40 +52,6 @@ pub const MAX_PARAM_NAME_BYTES: usize = 256;
 /// Instances that may be live at once (decisions, self-checks and smoke decisions of
 /// candidates). Past that an instantiation fails, and the decision fails closed.
 pub const POOL_SLOTS: u32 = 256;
-
-/// The SHA-256 of a policy component, recorded with every decision it makes.
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct PolicyDigest(pub [u8; 32]);
-
-impl PolicyDigest {
-    pub fn of(bytes: &[u8]) -> Self {
-        PolicyDigest(Sha256::digest(bytes).into())
-    }
-}
-
-impl fmt::Display for PolicyDigest {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&hex(&self.0))
-    }
-}
-
-/// Lower-case hex of `bytes`, a table look-up per digit: digests are written out with
-/// every decision, and a formatter call per byte showed in its cost.
-pub fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(2 * bytes.len());
-    for b in bytes {
-        out.push(DIGITS[usize::from(b >> 4)] as char);
-        out.push(DIGITS[usize::from(b & 15)] as char);
-    }
-    out
-}
-
-impl fmt::Debug for PolicyDigest {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "PolicyDigest({self})")
-    }
-}
 
 /// A policy that could not be loaded, with what is wrong.
 #[derive(Debug, thiserror::Error)]
@@ -132,168 +106,6 @@ fn bounded(mut message: String) -> String {
         message.push_str(&format!(" … ({total} bytes in all)"));
     }
     message
-}
-
-/// A deterministic generator for jitter: SplitMix64 over a seed of the decision's identity.
-#[derive(Clone, Debug)]
-pub struct Jitter(u64);
-
-impl Jitter {
-    /// Seeded from the configuration seed, the tenant, the key and the attempt.
-    pub fn new(seed: u64, tenant: &str, key: &str, attempt: u32) -> Self {
-        let mut h = Sha256::new();
-        h.update(seed.to_le_bytes());
-        h.update((tenant.len() as u64).to_le_bytes());
-        h.update(tenant.as_bytes());
-        h.update(key.as_bytes());
-        h.update(attempt.to_le_bytes());
-        let d = h.finalize();
-        Jitter(u64::from_le_bytes(d[..8].try_into().unwrap()))
-    }
-
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `[0, upper]`, without modulo bias.
-    pub fn below_inclusive(&mut self, upper: u64) -> u64 {
-        if upper == u64::MAX {
-            return self.next();
-        }
-        let span = upper + 1;
-        let zone = u64::MAX - (u64::MAX % span);
-        loop {
-            let x = self.next();
-            if x < zone {
-                return x % span;
-            }
-        }
-    }
-}
-
-/// What a policy may read during one decision: a snapshot taken inside the transaction.
-#[derive(Clone, Debug)]
-pub struct DecisionView {
-    pub now_ms: i64,
-    pub params: Arc<BTreeMap<String, f64>>,
-    pub weight: u32,
-    pub global_requests: Option<BucketLevel>,
-    pub tenant_requests: Option<BucketLevel>,
-    pub tenant_tokens: Option<BucketLevel>,
-    pub global_slots: Option<SlotLevel>,
-    pub tenant_slots: Option<SlotLevel>,
-    pub jitter: Jitter,
-}
-
-impl DecisionView {
-    /// A view with nothing in use and full buckets, for self-checks and smoke decisions.
-    pub fn scratch(params: Arc<BTreeMap<String, f64>>) -> Self {
-        let bucket = Some(BucketLevel {
-            available: 1000,
-            capacity: 1000,
-            refill_per_s: 1.0,
-        });
-        DecisionView {
-            now_ms: 0,
-            params,
-            weight: 1,
-            global_requests: bucket,
-            tenant_requests: bucket,
-            tenant_tokens: Some(BucketLevel {
-                available: 100_000,
-                capacity: 100_000,
-                refill_per_s: 1000.0,
-            }),
-            global_slots: Some(SlotLevel {
-                in_use: 0,
-                limit: 8,
-            }),
-            tenant_slots: None,
-            jitter: Jitter(0),
-        }
-    }
-}
-
-/// The per-decision store data.
-struct HostState {
-    view: DecisionView,
-    limits: StoreLimits,
-    /// Host calls this guest call may still make (see [`HOST_CALLS_PER_CALL`]).
-    host_calls_left: u32,
-}
-
-impl HostState {
-    fn new(view: DecisionView, limits: StoreLimits) -> Self {
-        HostState {
-            view,
-            limits,
-            host_calls_left: HOST_CALLS_PER_CALL,
-        }
-    }
-
-    /// Counts one host call, trapping the guest once its budget is spent.
-    fn host_call(&mut self) -> wasmtime::Result<()> {
-        match self.host_calls_left.checked_sub(1) {
-            Some(left) => {
-                self.host_calls_left = left;
-                Ok(())
-            }
-            None => Err(wasmtime::Error::msg(format!(
-                "the policy made more than {HOST_CALLS_PER_CALL} host calls in one call"
-            ))),
-        }
-    }
-}
-
-impl bindings::tollgate::policy::types::Host for HostState {}
-
-impl bindings::tollgate::policy::host::Host for HostState {
-    fn now_ms(&mut self) -> wasmtime::Result<i64> {
-        self.host_call()?;
-        Ok(self.view.now_ms)
-    }
-
-    fn param(&mut self, name: String) -> wasmtime::Result<Option<f64>> {
-        self.host_call()?;
-        if name.len() > MAX_PARAM_NAME_BYTES {
-            return Err(wasmtime::Error::msg(format!(
-                "the policy asked for a parameter name of {} bytes (at most {MAX_PARAM_NAME_BYTES})",
-                name.len()
-            )));
-        }
-        Ok(self.view.params.get(&name).copied())
-    }
-
-    fn tenant_weight(&mut self) -> wasmtime::Result<u32> {
-        self.host_call()?;
-        Ok(self.view.weight)
-    }
-
-    fn bucket(&mut self, kind: BucketKind) -> wasmtime::Result<Option<BucketLevel>> {
-        self.host_call()?;
-        Ok(match kind {
-            BucketKind::GlobalRequests => self.view.global_requests,
-            BucketKind::TenantRequests => self.view.tenant_requests,
-            BucketKind::TenantTokens => self.view.tenant_tokens,
-        })
-    }
-
-    fn slots(&mut self, scope: SlotScope) -> wasmtime::Result<Option<SlotLevel>> {
-        self.host_call()?;
-        Ok(match scope {
-            SlotScope::Global => self.view.global_slots,
-            SlotScope::Tenant => self.view.tenant_slots,
-        })
-    }
-
-    fn random(&mut self, upper: u64) -> wasmtime::Result<u64> {
-        self.host_call()?;
-        Ok(self.view.jitter.below_inclusive(upper))
-    }
 }
 
 /// The one wasmtime engine of the process and the linker holding the host imports.
@@ -578,21 +390,6 @@ impl LoadedPolicy {
     pub fn self_check(&self, view: DecisionView) -> Result<Result<(), String>, PolicyFault> {
         let verdict = self.call(view, |p, s| p.tollgate_policy_decide().call_self_check(s))?;
         Ok(verdict.map_err(bounded))
-    }
-}
-
-/// The policy components built from `policies/`, by name.
-pub mod builtin {
-    include!(concat!(env!("OUT_DIR"), "/policies.rs"));
-
-    /// The bytes of a built-in policy.
-    pub fn get(name: &str) -> Option<&'static [u8]> {
-        BUILTIN.iter().find(|(n, _)| *n == name).map(|(_, b)| *b)
-    }
-
-    /// The names of the built-in policies.
-    pub fn names() -> impl Iterator<Item = &'static str> {
-        BUILTIN.iter().map(|(n, _)| *n)
     }
 }
 

@@ -1,7 +1,8 @@
-//! The service configuration: the engine configuration of SPEC.md section 9 plus `auth` and
-//! the `policy` to load.
+//! The configuration file every command reads: the engine's configuration (see
+//! [`Config`]) plus `auth` (keys and their roles), the `policy` to load and the server's
+//! `limits.max_connections`. A command validates every field, including those it does not use.
 
-use crate::config::Config;
+use super::Config;
 use serde::Deserialize;
 use std::collections::{BTreeMap, HashMap};
 
@@ -45,9 +46,9 @@ impl Default for WorkersInput {
     }
 }
 
-/// Everything `tollgate serve` needs from its configuration file.
+/// A whole configuration file, validated.
 #[derive(Clone, Debug)]
-pub struct ServeConfig {
+pub struct ConfigFile {
     pub engine: Config,
     pub keys: HashMap<String, Role>,
     /// Built-in policy name or `.wasm` path (default `standard`).
@@ -62,9 +63,17 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 1000;
 /// The largest `limits.max_connections` accepted.
 const MOST_CONNECTIONS: u64 = 1_000_000;
 
-impl ServeConfig {
+impl ConfigFile {
+    /// Reads and validates the file at `path`; errors name the file and what is wrong.
+    pub fn load(path: &std::path::Path) -> Result<ConfigFile, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let value: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+        ConfigFile::from_json(&value).map_err(|e| format!("{}: {e}", path.display()))
+    }
+
     /// Parses the file's JSON; every error names what is wrong.
-    pub fn from_json(value: &serde_json::Value) -> Result<ServeConfig, String> {
+    pub fn from_json(value: &serde_json::Value) -> Result<ConfigFile, String> {
         let mut obj = value
             .as_object()
             .cloned()
@@ -114,7 +123,7 @@ impl ServeConfig {
         for key in auth.admins {
             add(key, Role::Admin)?;
         }
-        Ok(ServeConfig {
+        Ok(ConfigFile {
             engine,
             keys,
             policy,
@@ -149,7 +158,7 @@ mod tests {
 
     #[test]
     fn roles_and_checks() {
-        let c = ServeConfig::from_json(&json!({
+        let c = ConfigFile::from_json(&json!({
             "tenants": {"acme": {}},
             "auth": {"callers": {"ck": "acme"}, "workers": {"wk": "w1"}, "admins": ["ak"]},
             "policy": "deny-all"
@@ -164,20 +173,20 @@ mod tests {
         assert_eq!(c.keys["wk"], Role::Worker { name: "w1".into() });
         assert_eq!(c.keys["ak"], Role::Admin);
         assert_eq!(c.policy, "deny-all");
-        let unknown = ServeConfig::from_json(&json!({"auth": {"callers": {"k": "nobody"}}}));
+        let unknown = ConfigFile::from_json(&json!({"auth": {"callers": {"k": "nobody"}}}));
         assert!(unknown.unwrap_err().contains("nobody"));
-        let twice = ServeConfig::from_json(
+        let twice = ConfigFile::from_json(
             &json!({"tenants": {"a": {}}, "auth": {"callers": {"k": "a"}, "admins": ["k"]}}),
         );
         assert!(twice.is_err());
-        assert!(ServeConfig::from_json(&json!({"auth": {"callerz": {}}})).is_err());
+        assert!(ConfigFile::from_json(&json!({"auth": {"callerz": {}}})).is_err());
     }
 
     #[test]
     fn max_connections_is_a_server_limit() {
-        let default = ServeConfig::from_json(&json!({"limits": {"max_request_bytes": 10}}));
+        let default = ConfigFile::from_json(&json!({"limits": {"max_request_bytes": 10}}));
         assert_eq!(default.unwrap().max_connections, DEFAULT_MAX_CONNECTIONS);
-        let set = ServeConfig::from_json(&json!({"limits": {"max_connections": 8}})).unwrap();
+        let set = ConfigFile::from_json(&json!({"limits": {"max_connections": 8}})).unwrap();
         assert_eq!(set.max_connections, 8);
         for bad in [
             json!(0),
@@ -186,7 +195,7 @@ mod tests {
             json!("8"),
             json!(2_000_000),
         ] {
-            let err = ServeConfig::from_json(&json!({"limits": {"max_connections": bad}}));
+            let err = ConfigFile::from_json(&json!({"limits": {"max_connections": bad}}));
             assert!(err.unwrap_err().contains("limits.max_connections"), "{bad}");
         }
         // Scenario files (the engine's configuration alone) do not know it.

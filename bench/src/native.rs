@@ -3,17 +3,19 @@
 //! (`guest/src/standard.rs`), and a fixed decision that asks nothing (the store's floor).
 //! They exist to measure the sandbox's cost; the service always runs wasm policies.
 
-use crate::runtime::{
+use std::cell::RefCell;
+use tollgate::runtime::{
     Admission, BucketKind, BucketLevel, Decider, DecisionView, FailureReport, Plan, PolicyDigest,
     PolicyFault, PolicyInfo, Request, RetryDecision, SlotLevel, SlotScope,
 };
-use std::cell::RefCell;
 
 // The names `standard.rs` imports from its parent module.
 #[allow(unused_imports)]
-use crate::runtime::{Failure, GiveUpReason, Route};
+use tollgate::runtime::{Failure, GiveUpReason, Route};
 
 /// The host imports, served from the decision's view (set for the length of one call).
+/// Every import of the world is here, whether or not the standard rules use it.
+#[allow(dead_code)]
 pub mod host {
     use super::*;
 
@@ -42,18 +44,11 @@ pub mod host {
     }
 
     pub fn bucket(kind: BucketKind) -> Option<BucketLevel> {
-        with(|v| match kind {
-            BucketKind::GlobalRequests => v.global_requests,
-            BucketKind::TenantRequests => v.tenant_requests,
-            BucketKind::TenantTokens => v.tenant_tokens,
-        })
+        with(|v| v.bucket(kind))
     }
 
     pub fn slots(scope: SlotScope) -> Option<SlotLevel> {
-        with(|v| match scope {
-            SlotScope::Global => v.global_slots,
-            SlotScope::Tenant => v.tenant_slots,
-        })
+        with(|v| v.slots(scope))
     }
 
     pub fn random(upper: u64) -> u64 {
@@ -154,5 +149,40 @@ impl Decider for Fixed {
     }
     fn self_check(&self, _view: DecisionView) -> Result<Result<(), String>, PolicyFault> {
         Ok(Ok(()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::{Path, PathBuf};
+    use tollgate::runtime::Runtime;
+    use tollgate::scenario::{collect, Runner, Scenario};
+
+    fn root() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .unwrap()
+            .to_path_buf()
+    }
+
+    #[test]
+    fn native_build_of_the_standard_rules_passes_the_same_scenarios() {
+        // The same `standard.rs`, compiled natively: the benchmark's native figure measures
+        // the very rules the wasm policy runs.
+        let mut runner = Runner::new(Runtime::new().unwrap());
+        runner.default_decider = Some(std::sync::Arc::new(NativeStandard::default()));
+        let mut folders = vec![root().join("tests/scenarios")];
+        if root().join("../shared/scenarios").is_dir() {
+            folders.push(root().join("../shared/scenarios"));
+        }
+        let mut failures = Vec::new();
+        for file in collect(&folders).unwrap() {
+            match Scenario::load(&file).and_then(|s| runner.run(&s)) {
+                Ok(m) => failures.extend(m.iter().map(|m| format!("{}: {m}", file.display()))),
+                Err(e) => failures.push(e.to_string()),
+            }
+        }
+        assert!(failures.is_empty(), "{}", failures.join("\n"));
     }
 }

@@ -1,261 +1,11 @@
-//! Benchmarks, run in one process one after the other so that their ratios are comparable on
-//! a shared, noisy machine. Figures are printed, never asserted.
+//! `tollgate serve` under load on loopback: the load generator and what the machine did
+//! meanwhile.
 
-use crate::config::Config;
-use crate::engine::Engine;
-use crate::model::{OpState, Operation, Route};
-use crate::runtime::{builtin, Runtime};
-use crate::store::{QueuedJob, SqliteStore, Store, StoreError};
+use crate::store::admit_config_json;
 use serde::Serialize;
 use std::io::Write as _;
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Instant;
-
-/// Dispatch cost at one queue size.
-#[derive(Clone, Debug, Serialize)]
-pub struct DispatchFigures {
-    pub tenants: u32,
-    pub queued_jobs: u64,
-    pub fill_s: f64,
-    pub claims: u64,
-    pub claims_per_s: f64,
-}
-
-fn dispatch_config(tenants: u32) -> Config {
-    let mut names = serde_json::Map::new();
-    for t in 0..tenants {
-        names.insert(format!("t{t:05}"), serde_json::json!({}));
-    }
-    Config::from_json(&serde_json::json!({
-        "global": {"requests": {"capacity": 1e12, "refill_per_s": 0}, "concurrency": 100000000u64},
-        "tenant_defaults": {"tokens": {"capacity": 1e12, "refill_per_s": 0}, "queue_limit": 1000000},
-        "tenants": names,
-        "scheduler": {"discipline": "wrr", "max_claims_per_worker": 100}
-    }))
-    .expect("benchmark configuration is valid")
-}
-
-/// Queues `jobs` durable jobs spread evenly over `tenants`, directly through the store
-/// (admission is measured elsewhere), in one transaction.
-fn fill(store: &mut SqliteStore, tenants: u32, jobs: u64) -> Result<(), StoreError> {
-    store.transaction(|tx| {
-        for j in 0..jobs {
-            let tenant = format!("t{:05}", j % u64::from(tenants));
-            let key = format!("job-{j}");
-            let op = Operation {
-                tenant: tenant.clone(),
-                key: key.clone(),
-                fingerprint: String::new(),
-                route: Route::Durable,
-                state: OpState::Queued,
-                attempt: 1,
-                deadline_ms: i64::MAX,
-                input_tokens: 10,
-                max_output_tokens: 10,
-                optional_context_tokens: 0,
-                reserved_tokens: 20,
-                estimated_exec_ms: 0,
-                degraded: false,
-                body_ref: Some(format!("blob/{j}")),
-                holds_slot: false,
-                holds_tenant_slot: false,
-                tokens_reserved: false,
-                not_before_ms: None,
-                result_ref: None,
-                worker: None,
-                last_result: None,
-                last_retry: None,
-                policy_digest: String::new(),
-            };
-            tx.put_operation(&op)?;
-            tx.enqueue(&QueuedJob {
-                tenant,
-                key,
-                tokens: 20,
-                not_before_ms: 0,
-                expire_at_ms: i64::MAX,
-            })?;
-        }
-        Ok(())
-    })
-}
-
-/// Claims `claims` jobs from a file-backed store holding `jobs` jobs over `tenants` tenants.
-pub fn dispatch(
-    dir: &Path,
-    tenants: u32,
-    jobs: u64,
-    claims: u64,
-) -> Result<DispatchFigures, String> {
-    let path = dir.join(format!("dispatch-{tenants}-{jobs}.db"));
-    let _ = std::fs::remove_file(&path);
-    let mut store = SqliteStore::open(&path).map_err(|e| e.to_string())?;
-    let started = Instant::now();
-    fill(&mut store, tenants, jobs).map_err(|e| e.to_string())?;
-    let fill_s = started.elapsed().as_secs_f64();
-
-    let runtime = Runtime::new().map_err(|e| e.to_string())?;
-    let policy = runtime
-        .load(builtin::get("standard").unwrap(), u64::MAX)
-        .map_err(|e| e.to_string())?;
-    let engine = Engine::new(dispatch_config(tenants), store, runtime, Arc::new(policy));
-    let started = Instant::now();
-    let mut claimed = 0u64;
-    let mut call = 0u64;
-    while claimed < claims {
-        call += 1;
-        let want = (claims - claimed).min(100) as u32;
-        let answer = engine
-            .dispatch(&format!("w{call}"), want, 1)
-            .map_err(|e| e.to_string())?;
-        if answer.claimed.is_empty() {
-            return Err(format!("dispatch claimed nothing: {:?}", answer.reason));
-        }
-        claimed += answer.claimed.len() as u64;
-    }
-    let secs = started.elapsed().as_secs_f64();
-    drop(engine);
-    let _ = std::fs::remove_file(&path);
-    let _ = std::fs::remove_file(path.with_extension("db-wal"));
-    let _ = std::fs::remove_file(path.with_extension("db-shm"));
-    Ok(DispatchFigures {
-        tenants,
-        queued_jobs: jobs,
-        fill_s,
-        claims: claimed,
-        claims_per_s: claimed as f64 / secs,
-    })
-}
-
-/// Which store an admission benchmark runs on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
-#[serde(rename_all = "snake_case")]
-pub enum StoreKind {
-    Memory,
-    File,
-}
-
-/// One admission workload's result.
-#[derive(Clone, Debug, Serialize)]
-pub struct Throughput {
-    /// Admission-plus-completion cycles per second.
-    pub per_s: f64,
-    pub p50_us: f64,
-    pub p99_us: f64,
-}
-
-fn admit_config(tenants: u32) -> Config {
-    Config::from_json(&admit_config_json(tenants)).expect("benchmark configuration is valid")
-}
-
-fn admit_config_json(tenants: u32) -> serde_json::Value {
-    let mut names = serde_json::Map::new();
-    for t in 0..tenants {
-        names.insert(format!("t{t:05}"), serde_json::json!({}));
-    }
-    serde_json::json!({
-        "global": {"requests": {"capacity": 1e12, "refill_per_s": 1e9}, "concurrency": 100000000u64},
-        "tenant_defaults": {"requests": {"capacity": 1e12, "refill_per_s": 1e9},
-                            "tokens": {"capacity": 1e12, "refill_per_s": 1e9}},
-        "tenants": names,
-    })
-}
-
-/// Runs `ops` cycles (an interactive admission, then its completion) with `decider`, in
-/// batches of `batch` jobs per transaction as the service's writer does (1 = a transaction
-/// per call). Latency is per admission: the batch's time divided by its admissions for
-/// batched runs, the call's own time otherwise.
-pub fn admissions(
-    decider: Arc<dyn crate::runtime::Decider>,
-    store: StoreKind,
-    dir: &Path,
-    tenants: u32,
-    ops: u64,
-    batch: usize,
-) -> Result<Throughput, String> {
-    use crate::engine::{Completion, Job};
-    let store = match store {
-        StoreKind::Memory => SqliteStore::in_memory(),
-        StoreKind::File => {
-            let path = dir.join("admissions.db");
-            for suffix in ["", "-wal", "-shm"] {
-                let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
-            }
-            SqliteStore::open(&path)
-        }
-    }
-    .map_err(|e| e.to_string())?;
-    let runtime = Runtime::new().map_err(|e| e.to_string())?;
-    let config = admit_config(tenants);
-    let tenant_names: Vec<String> = config.tenants.keys().cloned().collect();
-    let engine = Engine::new(config, store, runtime, decider);
-    let request = |i: u64| crate::model::Request {
-        tenant: tenant_names[(i % u64::from(tenants)) as usize].clone(),
-        key: format!("op-{i}"),
-        route: Route::Interactive,
-        input_tokens: 200,
-        optional_context_tokens: 0,
-        max_output_tokens: 300,
-        deadline_ms: i64::MAX,
-        size_bytes: 0,
-        body_ref: None,
-        fingerprint: None,
-    };
-    let completion = |i: u64| {
-        Completion::succeeded(
-            &tenant_names[(i % u64::from(tenants)) as usize],
-            &format!("op-{i}"),
-        )
-    };
-    let mut latencies: Vec<f64> = Vec::with_capacity(ops as usize);
-    let started = Instant::now();
-    let mut i = 0u64;
-    while i < ops {
-        let n = (ops - i).min(batch.max(1) as u64);
-        let now_ms = 1 + (i / 1000) as i64;
-        if batch <= 1 {
-            let t = Instant::now();
-            let d = engine
-                .admit_request(&request(i), now_ms)
-                .map_err(|e| e.to_string())?;
-            latencies.push(t.elapsed().as_secs_f64() * 1e6);
-            if !d.authorises_call() {
-                return Err(format!("admission refused in the benchmark: {d:?}"));
-            }
-            engine
-                .complete(&completion(i), now_ms)
-                .map_err(|e| e.to_string())?;
-        } else {
-            let admits: Vec<Job> = (i..i + n)
-                .map(|j| Job::Admit {
-                    request: request(j),
-                    now_ms,
-                })
-                .collect();
-            let t = Instant::now();
-            engine.run_batch(&admits).map_err(|e| e.to_string())?;
-            let per = t.elapsed().as_secs_f64() * 1e6 / n as f64;
-            latencies.extend(std::iter::repeat_n(per, n as usize));
-            let completes: Vec<Job> = (i..i + n)
-                .map(|j| Job::Complete {
-                    completion: completion(j),
-                    now_ms,
-                })
-                .collect();
-            engine.run_batch(&completes).map_err(|e| e.to_string())?;
-        }
-        i += n;
-    }
-    let secs = started.elapsed().as_secs_f64();
-    latencies.sort_by(|a, b| a.total_cmp(b));
-    let pct = |p: f64| latencies[((latencies.len() as f64 - 1.0) * p).round() as usize];
-    Ok(Throughput {
-        per_s: ops as f64 / secs,
-        p50_us: pct(0.50),
-        p99_us: pct(0.99),
-    })
-}
 
 /// The HTTP service under load on loopback.
 #[derive(Clone, Debug, Serialize)]
@@ -407,7 +157,7 @@ pub fn http(
     let pid = server.0.id();
     // A thread takes its name when it first runs, which may come after the server listens.
     let writer_before = (0..50).find_map(|_| {
-        let ticks = cpu_ticks(pid, Some(crate::service::WRITER_THREAD));
+        let ticks = cpu_ticks(pid, Some(tollgate::service::WRITER_THREAD));
         if ticks.is_none() {
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
@@ -424,7 +174,7 @@ pub fn http(
     figures.server_cpu_us_per_admission = spent(cpu_before.0, cpu_ticks(pid, None));
     figures.writer_cpu_us_per_admission = spent(
         cpu_before.1,
-        cpu_ticks(pid, Some(crate::service::WRITER_THREAD)),
+        cpu_ticks(pid, Some(tollgate::service::WRITER_THREAD)),
     );
     Ok(figures)
 }
@@ -468,9 +218,9 @@ pub fn http_postgres(
     requests: u64,
     replicas: usize,
 ) -> Result<HttpFigures, String> {
-    use crate::service::{self, ServeConfig};
-    use crate::store::{AnyStore, PgStore};
-    let config = ServeConfig::from_json(&http_config(tenants))?;
+    use tollgate::service::{self, ConfigFile};
+    use tollgate::store::{AnyStore, PgStore};
+    let config = ConfigFile::from_json(&http_config(tenants))?;
     let schema = format!("tollgate_bench_{}", std::process::id());
     let mut servers = Vec::new();
     for r in 0..replicas.max(1) {
@@ -652,141 +402,6 @@ async fn drive(
 /// The peer design: the same all-or-nothing multi-bucket reservation with operation keys as
 /// a Redis Lua script (how LLM gateways such as LiteLLM keep shared limits), driven from this
 /// harness over loopback, one script call per admission and per completion.
-pub mod redis_peer {
-    use std::path::Path;
-    use std::process::{Child, Command, Stdio};
-    use std::time::{Duration, Instant};
-
-    /// KEYS: operation, global requests, tenant requests, tenant tokens, global slots.
-    /// ARGV: now_ms, fingerprint, tokens, request capacity, request refill/s, token capacity,
-    /// token refill/s, global request capacity, global refill/s, concurrency limit.
-    const ADMIT: &str = r#"
-local fp = redis.call('HGET', KEYS[1], 'fp')
-if fp then
-  if fp == ARGV[2] then return 'duplicate' else return 'conflict' end
-end
-local now = tonumber(ARGV[1])
-local function level(key, cap, rate)
-  local b = redis.call('HMGET', key, 'bal', 'ts')
-  local bal = tonumber(b[1]) or cap
-  local ts = tonumber(b[2]) or now
-  if now > ts then bal = math.min(cap, bal + (now - ts) * rate / 1000) end
-  return bal
-end
-local tr = level(KEYS[3], tonumber(ARGV[4]), tonumber(ARGV[5]))
-local gr = level(KEYS[2], tonumber(ARGV[8]), tonumber(ARGV[9]))
-local tt = level(KEYS[4], tonumber(ARGV[6]), tonumber(ARGV[7]))
-local need = tonumber(ARGV[3])
-if tr < 1 then return 'tenant_rate' end
-if gr < 1 then return 'global_rate' end
-if tt < need then return 'token_budget' end
-local slots = tonumber(redis.call('GET', KEYS[5]) or '0')
-if slots >= tonumber(ARGV[10]) then return 'global_concurrency' end
-redis.call('HSET', KEYS[3], 'bal', tr - 1, 'ts', now)
-redis.call('HSET', KEYS[2], 'bal', gr - 1, 'ts', now)
-redis.call('HSET', KEYS[4], 'bal', tt - need, 'ts', now)
-redis.call('INCR', KEYS[5])
-redis.call('HSET', KEYS[1], 'fp', ARGV[2], 'state', 'active', 'reserved', need)
-return 'accepted'
-"#;
-
-    /// KEYS: operation, global slots.
-    const COMPLETE: &str = r#"
-local state = redis.call('HGET', KEYS[1], 'state')
-if not state then return 'unknown_operation' end
-if state ~= 'active' then return 'not_active' end
-redis.call('HSET', KEYS[1], 'state', 'succeeded')
-redis.call('DECR', KEYS[2])
-return 'ok'
-"#;
-
-    struct Server(Child);
-
-    impl Drop for Server {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-
-    /// Cycles per second through `redis-server` (started here on a loopback port, with an
-    /// append-only file synced every second, like SQLite's WAL with `synchronous=NORMAL`),
-    /// or `None` when `redis-server` is not installed.
-    pub fn run(dir: &Path, tenants: u32, ops: u64) -> Result<Option<f64>, String> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map_err(|e| e.to_string())?
-            .port();
-        let child = Command::new("redis-server")
-            .args([
-                "--port",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "yes",
-            ])
-            .args(["--appendfsync", "everysec", "--dir"])
-            .arg(dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn();
-        let Ok(child) = child else { return Ok(None) };
-        let _server = Server(child);
-        let client =
-            redis::Client::open(format!("redis://127.0.0.1:{port}/")).map_err(|e| e.to_string())?;
-        let started = Instant::now();
-        let mut con = loop {
-            match client.get_connection() {
-                Ok(c) => break c,
-                Err(_) if started.elapsed() < Duration::from_secs(10) => {
-                    std::thread::sleep(Duration::from_millis(50))
-                }
-                Err(e) => return Err(format!("redis-server did not start: {e}")),
-            }
-        };
-        let admit = redis::Script::new(ADMIT);
-        let complete = redis::Script::new(COMPLETE);
-        let started = Instant::now();
-        for i in 0..ops {
-            let tenant = format!("t{:05}", i % u64::from(tenants));
-            let op = format!("op:{tenant}:op-{i}");
-            let now_ms = 1 + (i / 1000) as i64;
-            let answer: String = admit
-                .key(&op)
-                .key("bucket:global:requests")
-                .key(format!("bucket:{tenant}:requests"))
-                .key(format!("bucket:{tenant}:tokens"))
-                .key("slots:global")
-                .arg(now_ms)
-                .arg(format!("fp-{i}"))
-                .arg(500)
-                .arg(1e12)
-                .arg(1e9)
-                .arg(1e12)
-                .arg(1e9)
-                .arg(1e12)
-                .arg(1e9)
-                .arg(100_000_000)
-                .invoke(&mut con)
-                .map_err(|e| e.to_string())?;
-            if answer != "accepted" {
-                return Err(format!("redis peer refused an admission: {answer}"));
-            }
-            let done: String = complete
-                .key(&op)
-                .key("slots:global")
-                .invoke(&mut con)
-                .map_err(|e| e.to_string())?;
-            if done != "ok" {
-                return Err(format!("redis peer refused a completion: {done}"));
-            }
-        }
-        Ok(Some(ops as f64 / started.elapsed().as_secs_f64()))
-    }
-}
 
 #[cfg(test)]
 mod tests {

@@ -1,0 +1,10 @@
+//! The benchmarks of tollgate as a library, so that the `tollgate-bench` binary, its tests
+//! and the examples share them. Figures are printed, never asserted.
+
+// The guest SDK's `standard.rs`, compiled natively by `native`, names `alloc`.
+extern crate alloc;
+
+pub mod http;
+pub mod native;
+pub mod redis_peer;
+pub mod store;

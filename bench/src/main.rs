@@ -1,0 +1,275 @@
+//! `tollgate-bench`: the benchmarks, run in one process one after the other so that their
+//! ratios are comparable on a shared, noisy machine. Figures are printed, never asserted.
+//! Use a release build: `cargo run --release -p tollgate-bench -- [http|dispatch]`.
+
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use tollgate::runtime::Runtime;
+use tollgate_bench::{http, native, redis_peer, store};
+
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+#[derive(Parser)]
+#[command(
+    name = "tollgate-bench",
+    about = "Benchmarks for tollgate (use a release build)"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<BenchCommand>,
+    #[command(flatten)]
+    admit: AdmitBenchArgs,
+}
+
+/// The admission benchmark (the default `bench`).
+#[derive(clap::Args)]
+struct AdmitBenchArgs {
+    /// Where the store lives.
+    #[arg(long, value_enum, default_value = "file")]
+    store: store::StoreKind,
+    #[arg(long, default_value_t = 1_000)]
+    tenants: u32,
+    /// Admission-plus-completion cycles per workload.
+    #[arg(long, default_value_t = 100_000)]
+    ops: u64,
+    /// Jobs per transaction (group commit, as the service's writer does).
+    #[arg(long, default_value_t = 64)]
+    batch: usize,
+    /// Print one JSON line at the end.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// Admissions per second and latency through `tollgate serve` on loopback (file store).
+    Http {
+        #[arg(long, default_value_t = 1_000)]
+        tenants: u32,
+        #[arg(long, default_value_t = 64)]
+        connections: usize,
+        #[arg(long, default_value_t = 100_000)]
+        requests: u64,
+        /// A `postgres://` URL: replicas share it (in a scratch schema); default a SQLite file.
+        #[arg(long)]
+        db: Option<String>,
+        /// Servers sharing the PostgreSQL store, the connections spread over them.
+        #[arg(long, default_value_t = 1)]
+        replicas: usize,
+        /// Print one JSON line at the end.
+        #[arg(long)]
+        json: bool,
+        /// The `tollgate` executable to start (default: the one beside this benchmark).
+        #[arg(long)]
+        tollgate: Option<PathBuf>,
+    },
+    /// Claims per second at a large queue (many tenants, many jobs) next to a small one.
+    Dispatch {
+        #[arg(long, default_value_t = 10_000)]
+        tenants: u32,
+        #[arg(long, default_value_t = 1_000_000)]
+        jobs: u64,
+        #[arg(long, default_value_t = 20_000)]
+        claims: u64,
+        /// Print one JSON line at the end.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(code) => code,
+        Err(message) => {
+            eprintln!("tollgate-bench: {message}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<ExitCode, String> {
+    match cli.command {
+        None => bench_admissions(&cli.admit),
+        Some(BenchCommand::Http {
+            tenants,
+            connections,
+            requests,
+            db,
+            replicas,
+            json,
+            tollgate,
+        }) => {
+            let dir = tempfile_dir()?;
+            let f = match db.as_deref() {
+                Some(url) => http::http_postgres(url, tenants, connections, requests, replicas),
+                None => {
+                    let exe = tollgate.map_or_else(serve_executable, Ok)?;
+                    http::http(&exe, &dir, tenants, connections, requests)
+                }
+            };
+            println!(
+                "store: {}, replicas: {}",
+                db.as_deref().map_or("sqlite file", |_| "postgres"),
+                replicas.max(1)
+            );
+            let _ = std::fs::remove_dir_all(&dir);
+            let f = f?;
+            println!(
+                "{} admissions over {} connections: {:.0}/s, p50 {:.2} ms, p90 {:.2} ms, \
+                 p99 {:.2} ms, p99.9 {:.2} ms, {} errors",
+                f.requests,
+                f.connections,
+                f.admissions_per_s,
+                f.p50_ms,
+                f.p90_ms,
+                f.p99_ms,
+                f.p999_ms,
+                f.errors
+            );
+            if let Some(b) = f.written_bytes_per_admission {
+                println!("server wrote {b:.0} bytes per admission");
+            }
+            if let (Some(all), Some(writer)) =
+                (f.server_cpu_us_per_admission, f.writer_cpu_us_per_admission)
+            {
+                println!(
+                    "server CPU per admission: {all:.1} µs, of which the writer {writer:.1} µs"
+                );
+            }
+            if let Some(m) = f.machine {
+                println!(
+                    "machine CPU while loaded: {:.1}% idle, {:.1}% stolen by the hypervisor",
+                    m.idle_percent, m.steal_percent
+                );
+            }
+            if json {
+                println!("{}", serde_json::json!(f));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Some(BenchCommand::Dispatch {
+            tenants,
+            jobs,
+            claims,
+            json,
+        }) => {
+            let dir = tempfile_dir()?;
+            let small = store::dispatch(&dir, 10, 1_000, 1_000)?;
+            let large = store::dispatch(&dir, tenants, jobs, claims)?;
+            let _ = std::fs::remove_dir_all(&dir);
+            println!(
+                "{:>8} {:>10} {:>8} {:>12} {:>8}",
+                "tenants", "queued", "claims", "claims/s", "fill s"
+            );
+            for f in [&small, &large] {
+                println!(
+                    "{:>8} {:>10} {:>8} {:>12.0} {:>8.1}",
+                    f.tenants, f.queued_jobs, f.claims, f.claims_per_s, f.fill_s
+                );
+            }
+            let ratio = large.claims_per_s / small.claims_per_s;
+            println!("large/small claims per second: {ratio:.2}");
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({"small": small, "large": large, "ratio": ratio})
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn bench_admissions(a: &AdmitBenchArgs) -> Result<ExitCode, String> {
+    use store::admissions;
+    use tollgate::runtime::{builtin, Decider};
+    let dir = tempfile_dir()?;
+    let runtime = Runtime::new().map_err(|e| e.to_string())?;
+    let wasm: Arc<dyn Decider> = Arc::new(
+        runtime
+            .load(builtin::get("standard").unwrap(), u64::MAX)
+            .map_err(|e| e.to_string())?,
+    );
+    let native: Arc<dyn Decider> = Arc::new(native::NativeStandard::default());
+    let fixed: Arc<dyn Decider> = Arc::new(native::Fixed::default());
+    let (tenants, ops, batch) = (a.tenants, a.ops, a.batch);
+    // One after the other in one process, so that the ratios compare like with like.
+    let wasm_run = admissions(wasm.clone(), a.store, &dir, tenants, ops, batch)?;
+    let native_run = admissions(native, a.store, &dir, tenants, ops, batch)?;
+    let store_run = admissions(fixed, a.store, &dir, tenants, ops, batch)?;
+    // Per-call latency: one transaction per admission, as an embedding library call.
+    let latency_run = admissions(wasm, a.store, &dir, tenants, (ops / 4).max(1000), 1)?;
+    let redis_dir = dir.join("redis");
+    std::fs::create_dir_all(&redis_dir).map_err(|e| e.to_string())?;
+    let redis = redis_peer::run(&redis_dir, tenants, ops)?;
+    let _ = std::fs::remove_dir_all(&dir);
+    println!(
+        "store={:?} tenants={tenants} ops={ops} batch={batch}",
+        a.store
+    );
+    println!("{:<28} {:>12}", "workload", "cycles/s");
+    println!("{:<28} {:>12.0}", "wasm (standard policy)", wasm_run.per_s);
+    println!("{:<28} {:>12.0}", "native (same rules)", native_run.per_s);
+    println!(
+        "{:<28} {:>12.0}",
+        "store only (fixed plan)", store_run.per_s
+    );
+    println!(
+        "{:<28} {:>12.0}",
+        "wasm, one commit per call", latency_run.per_s
+    );
+    match redis {
+        Some(r) => println!("{:<28} {:>12.0}", "redis lua (loopback peer)", r),
+        None => println!(
+            "{:<28} {:>12}",
+            "redis lua (loopback peer)", "no redis-server"
+        ),
+    }
+    println!("wasm/native: {:.2}", wasm_run.per_s / native_run.per_s);
+    println!(
+        "per admission (one commit per call): p50 {:.1} us, p99 {:.1} us",
+        latency_run.p50_us, latency_run.p99_us
+    );
+    if a.json {
+        let line = serde_json::json!({
+            "wasm_per_s": wasm_run.per_s.round(),
+            "native_per_s": native_run.per_s.round(),
+            "store_only_per_s": store_run.per_s.round(),
+            "unbatched_wasm_per_s": latency_run.per_s.round(),
+            "p50_us": (latency_run.p50_us * 10.0).round() / 10.0,
+            "p99_us": (latency_run.p99_us * 10.0).round() / 10.0,
+            "store": a.store,
+            "tenants": tenants,
+            "ops": ops,
+            "batch": batch,
+            "redis_lua_per_s": redis.map(f64::round),
+        });
+        println!("{line}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The `tollgate` executable beside this one (both are built into the same target folder).
+fn serve_executable() -> Result<PathBuf, String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let sibling = exe.with_file_name(format!("tollgate{}", std::env::consts::EXE_SUFFIX));
+    if sibling.is_file() {
+        Ok(sibling)
+    } else {
+        Err(format!(
+            "{} not found: build it (`cargo build --release`) or name it with --tollgate",
+            sibling.display()
+        ))
+    }
+}
+
+/// A private scratch folder for benchmark databases.
+fn tempfile_dir() -> Result<PathBuf, String> {
+    let dir = std::env::temp_dir().join(format!("tollgate-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    Ok(dir)
+}

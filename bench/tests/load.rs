@@ -1,0 +1,63 @@
+//! The benchmarks run for real, small: their figures are checked for sense, never for speed.
+
+use serde_json::Value;
+use std::path::PathBuf;
+use std::process::Command;
+
+/// The `tollgate` executable of the same profile as this benchmark, built if needed.
+fn tollgate() -> PathBuf {
+    let bench = PathBuf::from(env!("CARGO_BIN_EXE_tollgate-bench"));
+    let release = bench.parent().unwrap().ends_with("release");
+    let mut build = Command::new(env!("CARGO"));
+    build.args(["build", "-p", "tollgate", "--bin", "tollgate"]);
+    if release {
+        build.arg("--release");
+    }
+    assert!(build.status().unwrap().success(), "building tollgate");
+    bench.with_file_name("tollgate")
+}
+
+#[test]
+fn the_load_benchmark_drives_a_real_server_and_counts_every_answer() {
+    // `tollgate-bench http` starts `tollgate serve` as a process and must see every one of
+    // its admissions answered 200 (a generator that misreads responses fails here).
+    let out = Command::new(env!("CARGO_BIN_EXE_tollgate-bench"))
+        .args(["http", "--tenants", "5", "--connections", "4"])
+        .args(["--requests", "400", "--json", "--tollgate"])
+        .arg(tollgate())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout.lines().find(|l| l.starts_with('{')).unwrap();
+    let figures: Value = serde_json::from_str(line).unwrap();
+    assert_eq!(figures["requests"], 400, "{figures}");
+    assert_eq!(figures["errors"], 0, "{figures}");
+    assert!(figures["admissions_per_s"].as_f64().unwrap() > 0.0);
+    let ms = |p: &str| figures[p].as_f64().unwrap();
+    assert!(ms("p50_ms") <= ms("p90_ms") && ms("p90_ms") <= ms("p99_ms"));
+    assert!(ms("p99_ms") <= ms("p999_ms"));
+    // CPU per admission, from `/proc`: the writer thread's share of the process's (read a
+    // moment later, so within one clock tick spread over the 400 admissions).
+    let server = figures["server_cpu_us_per_admission"].as_f64().unwrap();
+    let writer = figures["writer_cpu_us_per_admission"].as_f64().unwrap();
+    let tick_per_admission_us = 1e6 / 100.0 / 400.0;
+    assert!(server > 0.0, "{figures}");
+    assert!(
+        (0.0..=server + tick_per_admission_us).contains(&writer),
+        "{figures}"
+    );
+    // The machine's shares over the same interval, from `/proc/stat`.
+    let share = |k: &str| figures["machine"][k].as_f64().unwrap();
+    for k in ["steal_percent", "idle_percent"] {
+        assert!((0.0..=100.0).contains(&share(k)), "{figures}");
+    }
+    assert!(
+        share("steal_percent") + share("idle_percent") < 100.0,
+        "{figures}"
+    );
+}

@@ -1,0 +1,89 @@
+//! `tollgate conformance run`: scenario files against the engine, on in-memory SQLite or
+//! on PostgreSQL, ending with "N passed, M failed".
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use tollgate::runtime::Runtime;
+use tollgate::scenario::{self, Runner, Scenario};
+use tollgate::store::PgStore;
+
+#[derive(clap::Subcommand)]
+pub enum Command {
+    /// Run scenario files, or every `*.json` under folders.
+    Run {
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+        /// Policy (built-in name or `.wasm` file) for scenarios that do not name one.
+        #[arg(long, default_value = "standard")]
+        policy: String,
+        /// A `postgres://` URL to run every scenario against PostgreSQL (each in a fresh
+        /// schema of its own); default: a private in-memory SQLite store per scenario.
+        #[arg(long)]
+        db: Option<String>,
+        /// Folder of test fixture components that scenarios may name (default: the
+        /// `TOLLGATE_FIXTURES` variable, else the folder this build wrote them to).
+        #[arg(long)]
+        fixtures: Option<PathBuf>,
+    },
+}
+
+pub fn run(command: Command) -> Result<ExitCode, String> {
+    let Command::Run {
+        paths,
+        policy,
+        db,
+        fixtures,
+    } = command;
+    let runtime = Runtime::new().map_err(|e| format!("starting wasmtime: {e:#}"))?;
+    let files = scenario::collect(&paths)?;
+    let mut runner = Runner::new(runtime);
+    runner.default_policy = policy;
+    if let Some(dir) = fixtures {
+        runner.fixtures = dir;
+    }
+    if let Some(db) = &db {
+        if !tollgate::store::is_postgres_url(db) {
+            return Err(format!(
+                "--db {db}: conformance runs take a postgres:// URL (SQLite runs in memory)"
+            ));
+        }
+    }
+    let (mut passed, mut failed) = (0, 0);
+    for (i, file) in files.into_iter().enumerate() {
+        let outcome = Scenario::load(&file).and_then(|s| {
+            let mismatches = match &db {
+                Some(url) => {
+                    let schema = format!("tollgate_conformance_{}_{i}", std::process::id());
+                    let store = PgStore::open_scratch(url, &schema).map_err(|e| {
+                        tollgate::scenario::ScenarioError {
+                            path: file.display().to_string(),
+                            message: e.to_string(),
+                        }
+                    })?;
+                    runner.run_on(&s, store)?
+                }
+                None => runner.run(&s)?,
+            };
+            Ok((s.name, mismatches))
+        });
+        match outcome {
+            Ok((_, mismatches)) if mismatches.is_empty() => passed += 1,
+            Ok((name, mismatches)) => {
+                failed += 1;
+                for m in mismatches {
+                    println!("FAIL {name} ({}) {m}", file.display());
+                }
+            }
+            Err(e) => {
+                failed += 1;
+                println!("FAIL {e}");
+            }
+        }
+    }
+    println!("{passed} passed, {failed} failed");
+    Ok(if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}

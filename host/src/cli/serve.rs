@@ -1,0 +1,81 @@
+//! `tollgate serve`: the engine behind HTTP until SIGTERM or SIGINT.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use tollgate::config::ConfigFile;
+use tollgate::store::AnyStore;
+
+#[derive(clap::Args)]
+pub struct ServeArgs {
+    /// Configuration file (docs/configuration.md).
+    #[arg(long)]
+    config: PathBuf,
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    listen: String,
+    /// SQLite database file (created if missing), or a `postgres://` URL for a store shared by replicas.
+    #[arg(long, default_value = "tollgate.db")]
+    db: String,
+    /// Log as JSON lines instead of text.
+    #[arg(long)]
+    json_logs: bool,
+    /// Watch this policy file (or the newest `.wasm` in this folder) and activate it when it changes.
+    #[arg(long)]
+    watch_policy: Option<PathBuf>,
+    /// Scenario files or folders every candidate policy must pass before activation.
+    #[arg(long)]
+    verify_with: Vec<PathBuf>,
+}
+
+pub fn run(args: ServeArgs) -> Result<ExitCode, String> {
+    let ServeArgs {
+        config,
+        listen,
+        db,
+        json_logs,
+        watch_policy,
+        verify_with,
+    } = args;
+    use std::io::IsTerminal;
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    // Requests hand their log lines to a writer thread (flushed when `_flush` drops at exit);
+    // if that thread falls far behind, lines are dropped rather than requests slowed. The
+    // thread flushes whenever it has emptied its queue, so the buffer only joins the lines
+    // that were waiting together into one write instead of a system call per line.
+    let stderr = std::io::BufWriter::with_capacity(64 << 10, std::io::stderr());
+    let (log, _flush) = tracing_appender::non_blocking(stderr);
+    let logs = tracing_subscriber::fmt()
+        .with_writer(log)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_env_filter(filter);
+    if json_logs {
+        logs.json().init();
+    } else {
+        logs.init();
+    }
+    let config = ConfigFile::load(&config)?;
+    let store = AnyStore::open(&db).map_err(|e| format!("{db}: {e}"))?;
+    let (state, writer) = tollgate::service::build_with(config, store, verify_with)?;
+    let watcher = watch_policy.map(|path| {
+        tracing::info!(path = %path.display(), "watching the policy");
+        tollgate::service::watch_policy(&state, path)
+    });
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let shutdown = async move {
+        tollgate::service::shutdown_signal().await;
+        // The watcher holds the engine: stop it before the writer drains.
+        if let Some((stop, handle)) = watcher {
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            let _ = tokio::task::spawn_blocking(move || handle.join()).await;
+        }
+    };
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(&listen).await.map_err(|e| format!("{listen}: {e}"))?;
+        tracing::info!(listen = %listener.local_addr().map_err(|e| e.to_string())?, db = %db, "serving");
+        tollgate::service::serve(listener, state, writer, shutdown).await.map_err(|e| e.to_string())
+    })?;
+    Ok(ExitCode::SUCCESS)
+}

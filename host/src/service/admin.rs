@@ -1,0 +1,162 @@
+//! The operators' endpoints: the policy (read, swap, roll back), downstream status,
+//! inspection, and `/metrics`.
+
+use super::*;
+
+pub(super) async fn policy_get(
+    State(s): State<Shared>,
+    headers: HeaderMap,
+) -> Result<Response, Refusal> {
+    admin(&s, &headers)?;
+    Ok(axum::Json(json!(s.engine.policy_identity())).into_response())
+}
+
+pub(super) async fn policy_put(
+    State(s): State<Shared>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, Refusal> {
+    admin(&s, &headers)?;
+    let bytes = read_body(&headers, body, s.engine.config().max_policy_bytes).await?;
+    let engine = s.engine.clone();
+    let verifier = s.verifier.clone();
+    let result =
+        tokio::task::spawn_blocking(move || engine.swap_policy_verified(&bytes, verifier.as_ref()))
+            .await
+            .map_err(|_| refuse(500, "internal"))?;
+    match result {
+        Ok(identity) => {
+            tracing::info!(name = %identity.name, version = %identity.version, sha256 = %identity.sha256, "policy activated");
+            set_policy_gauge(&s.engine, &s.metrics);
+            Ok(axum::Json(json!(identity)).into_response())
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "policy refused");
+            let body =
+                json!({"outcome": "rejected", "reason": "policy_refused", "error": e.to_string()});
+            Ok((StatusCode::UNPROCESSABLE_ENTITY, axum::Json(body)).into_response())
+        }
+    }
+}
+
+pub(super) async fn policy_rollback(
+    State(s): State<Shared>,
+    headers: HeaderMap,
+) -> Result<Response, Refusal> {
+    admin(&s, &headers)?;
+    match s.engine.rollback() {
+        Ok(identity) => {
+            tracing::info!(name = %identity.name, sha256 = %identity.sha256, "policy rolled back");
+            set_policy_gauge(&s.engine, &s.metrics);
+            Ok(axum::Json(json!(identity)).into_response())
+        }
+        Err(e) => {
+            let body = json!({"outcome": "rejected", "reason": "no_previous_policy", "error": e.to_string()});
+            Ok((StatusCode::CONFLICT, axum::Json(body)).into_response())
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct DownstreamBody {
+    available: bool,
+}
+
+pub(super) async fn downstream(
+    State(s): State<Shared>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, Refusal> {
+    admin(&s, &headers)?;
+    let bytes = read_body(&headers, body, s.engine.config().max_request_bytes).await?;
+    let b: DownstreamBody = json_body(&bytes)?;
+    submit(
+        &s,
+        Job::SetDownstream {
+            available: b.available,
+        },
+    )
+    .await?;
+    tracing::info!(available = b.available, "downstream marked");
+    Ok(axum::Json(json!({"ok": true, "available": b.available})).into_response())
+}
+
+pub(super) async fn inspect(
+    State(s): State<Shared>,
+    headers: HeaderMap,
+) -> Result<Response, Refusal> {
+    admin(&s, &headers)?;
+    let Answer::Inspection(i) = submit(
+        &s,
+        Job::Inspect {
+            now_ms: s.clock.now_ms(),
+        },
+    )
+    .await?
+    else {
+        return Err(refuse(500, "internal"));
+    };
+    Ok(axum::Json(json!(i)).into_response())
+}
+
+pub(super) async fn metrics(State(s): State<Shared>) -> Result<Response, Refusal> {
+    let mut last = s.metrics_text.lock().await;
+    let text = match &*last {
+        Some((made, text)) if made.elapsed() < METRICS_FRESH_FOR => text.clone(),
+        _ => {
+            refresh_levels(&s).await?;
+            let text = Bytes::from(s.metrics.render());
+            *last = Some((std::time::Instant::now(), text.clone()));
+            text
+        }
+    };
+    drop(last);
+    let mut response = text.into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4"),
+    );
+    Ok(response)
+}
+
+/// Reads the bucket, slot and queue levels from the store into their gauges.
+pub(super) async fn refresh_levels(s: &AppState) -> Result<(), Refusal> {
+    if let Answer::Inspection(i) = submit(
+        s,
+        Job::Levels {
+            now_ms: s.clock.now_ms(),
+        },
+    )
+    .await?
+    {
+        for (name, credits) in &i.buckets {
+            s.metrics
+                .buckets
+                .with_label_values(&[name.as_str()])
+                .set(*credits as f64);
+        }
+        for (scope, n) in &i.slots {
+            s.metrics
+                .slots
+                .with_label_values(&[scope.as_str()])
+                .set(f64::from(*n));
+        }
+        for (tenant, n) in &i.queues {
+            s.metrics
+                .queues
+                .with_label_values(&[tenant.as_str()])
+                .set(f64::from(*n));
+        }
+    }
+    Ok(())
+}
+
+pub(super) fn set_policy_gauge(engine: &Engine<AnyStore>, metrics: &Metrics) {
+    let id = engine.policy_identity();
+    metrics.policy.reset();
+    metrics
+        .policy
+        .with_label_values(&[id.name.as_str(), id.version.as_str(), id.sha256.as_str()])
+        .set(1.0);
+}

@@ -1,0 +1,52 @@
+//! Who is asking: the bearer key's role (401 when missing or unknown), and what that role
+//! may act for (403 otherwise).
+
+use super::*;
+
+/// The role of the request's bearer key: 401 when missing, unknown, of another scheme, or
+/// given in more than one `Authorization` header.
+pub(super) fn role(s: &AppState, headers: &HeaderMap) -> Result<Role, Refusal> {
+    // With two headers, a proxy in front might have checked the other key.
+    let mut values = headers.get_all(header::AUTHORIZATION).iter();
+    let key = match (values.next(), values.next()) {
+        (Some(value), None) => value.to_str().ok().and_then(bearer),
+        _ => None,
+    };
+    key.and_then(|k| s.keys.get(k))
+        .cloned()
+        .ok_or_else(|| refuse(401, "unauthorized"))
+}
+
+/// The token of a `Bearer <token>` credential; the scheme is case-insensitive (RFC 9110).
+pub(super) fn bearer(credentials: &str) -> Option<&str> {
+    let (scheme, token) = credentials.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then_some(token.trim())
+}
+
+/// Who may complete or reconcile: a caller for its own tenant, or a worker naming the tenant
+/// in the body (and then only for jobs it claimed).
+pub(super) fn acting_for(
+    role: Role,
+    body_tenant: Option<String>,
+) -> Result<(String, Option<String>), Refusal> {
+    match role {
+        Role::Caller { tenant } => match body_tenant {
+            Some(t) if t != tenant => Err(refuse(403, "forbidden")),
+            _ => Ok((tenant, None)),
+        },
+        Role::Worker { name } => Ok((
+            body_tenant.ok_or_else(|| refuse(400, "invalid_request"))?,
+            Some(name),
+        )),
+        Role::Admin => Err(refuse(403, "forbidden")),
+    }
+}
+
+pub(super) fn admin(s: &AppState, headers: &HeaderMap) -> Result<(), Refusal> {
+    match role(s, headers)? {
+        Role::Admin => Ok(()),
+        _ => Err(refuse(403, "forbidden")),
+    }
+}

@@ -1,0 +1,215 @@
+//! The callers' and workers' endpoints on operations: admit, complete, reconcile, read
+//! one back.
+
+use super::*;
+
+pub(super) async fn submit(s: &AppState, job: Job) -> Result<Answer, Refusal> {
+    s.writer.submit(job).await.map_err(|e| {
+        tracing::error!(error = %e, "store failure");
+        refuse(500, "internal")
+    })
+}
+
+pub(super) async fn admit(
+    State(s): State<Shared>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, Refusal> {
+    let Role::Caller { tenant } = role(&s, &headers)? else {
+        return Err(refuse(403, "forbidden"));
+    };
+    let limit = s.engine.config().max_request_bytes;
+    let bytes = read_body(&headers, body, limit).await?;
+    let mut obj = validate::object(&bytes).map_err(|r| refuse(r.http(), r.as_str()))?;
+    match obj.get("tenant") {
+        None => {
+            obj.insert("tenant".into(), json!(tenant));
+        }
+        Some(Value::String(t)) if *t == tenant => {}
+        Some(_) => return Err(refuse(403, "forbidden")),
+    }
+    let request = match validate::request(&Value::Object(obj), s.engine.config()) {
+        Ok(r) => r,
+        Err(reason) => {
+            s.metrics
+                .decisions
+                .with_label_values(&["rejected", reason.as_str()])
+                .inc();
+            return Err(refuse(reason.http(), reason.as_str()));
+        }
+    };
+    let Answer::Decision(d) = submit(
+        &s,
+        Job::Admit {
+            request,
+            now_ms: s.clock.now_ms(),
+        },
+    )
+    .await?
+    else {
+        return Err(refuse(500, "internal"));
+    };
+    let reason = d.reason.map_or("", Reason::as_str);
+    s.metrics
+        .decisions
+        .with_label_values(&[d.outcome.as_str(), reason])
+        .inc();
+    tracing::info!(tenant = %tenant, outcome = d.outcome.as_str(), reason, policy = d.policy.as_deref().unwrap_or(""), "decision");
+    let status = StatusCode::from_u16(d.http).unwrap_or(StatusCode::OK);
+    Ok(with_retry_after(status, &d, d.retry_after_ms))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct CompleteBody {
+    #[serde(default)]
+    tenant: Option<String>,
+    result: CallResult,
+    #[serde(default)]
+    usage: Option<Usage>,
+    #[serde(default)]
+    failure: Option<String>,
+    #[serde(default)]
+    provider_retry_after_ms: Option<u64>,
+    #[serde(default)]
+    result_ref: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ReconcileBody {
+    #[serde(default)]
+    tenant: Option<String>,
+    resolution: Resolution,
+    #[serde(default)]
+    usage: Option<Usage>,
+    #[serde(default)]
+    result_ref: Option<String>,
+}
+
+pub(super) fn completion_response(answer: Answer) -> Result<Response, Refusal> {
+    let Answer::Completion(a) = answer else {
+        return Err(refuse(500, "internal"));
+    };
+    let status = match a.error {
+        None => StatusCode::OK,
+        Some("unknown_operation") => return Err(refuse(404, "unknown_operation")),
+        Some("not_claimed") => return Err(refuse(403, "not_claimed")),
+        Some(_) => StatusCode::CONFLICT,
+    };
+    Ok((status, axum::Json(json!(a))).into_response())
+}
+
+/// The shared start of `complete` and `reconcile`: a caller or worker key, a bounded JSON
+/// body, a valid operation key, and whom the report is for (tenant, and the worker if any).
+pub(super) async fn report<T: for<'de> Deserialize<'de>>(
+    s: &AppState,
+    key: OpKey,
+    headers: &HeaderMap,
+    body: Body,
+    tenant_of: impl FnOnce(&mut T) -> Option<String>,
+) -> Result<Report<T>, Refusal> {
+    let role = role(s, headers)?;
+    if role == Role::Admin {
+        return Err(refuse(403, "forbidden"));
+    }
+    let bytes = read_body(headers, body, s.engine.config().max_request_bytes).await?;
+    let mut b: T = json_body(&bytes)?;
+    let key = check_key(key)?;
+    let (tenant, worker) = acting_for(role, tenant_of(&mut b))?;
+    Ok(Report {
+        body: b,
+        key,
+        tenant,
+        worker,
+    })
+}
+
+/// What [`report`] checked: the body, the operation key, and whom the report is for.
+pub(super) struct Report<T> {
+    body: T,
+    key: String,
+    tenant: String,
+    worker: Option<String>,
+}
+
+pub(super) async fn complete(
+    State(s): State<Shared>,
+    key: OpKey,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, Refusal> {
+    let r = report(&s, key, &headers, body, |b: &mut CompleteBody| {
+        b.tenant.take()
+    })
+    .await?;
+    let completion = Completion {
+        tenant: r.tenant,
+        key: r.key,
+        result: r.body.result,
+        usage: r.body.usage,
+        failure: r.body.failure,
+        provider_retry_after_ms: r.body.provider_retry_after_ms,
+        result_ref: r.body.result_ref,
+        worker: r.worker,
+    };
+    completion_response(
+        submit(
+            &s,
+            Job::Complete {
+                completion,
+                now_ms: s.clock.now_ms(),
+            },
+        )
+        .await?,
+    )
+}
+
+pub(super) async fn reconcile(
+    State(s): State<Shared>,
+    key: OpKey,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, Refusal> {
+    let r = report(&s, key, &headers, body, |b: &mut ReconcileBody| {
+        b.tenant.take()
+    })
+    .await?;
+    let reconciliation = Reconciliation {
+        tenant: r.tenant,
+        key: r.key,
+        resolution: r.body.resolution.into(),
+        usage: r.body.usage,
+        result_ref: r.body.result_ref,
+        worker: r.worker,
+    };
+    completion_response(
+        submit(
+            &s,
+            Job::Reconcile {
+                reconciliation,
+                now_ms: s.clock.now_ms(),
+            },
+        )
+        .await?,
+    )
+}
+
+pub(super) async fn operation(
+    State(s): State<Shared>,
+    key: OpKey,
+    headers: HeaderMap,
+) -> Result<Response, Refusal> {
+    let Role::Caller { tenant } = role(&s, &headers)? else {
+        return Err(refuse(403, "forbidden"));
+    };
+    let key = check_key(key)?;
+    let Answer::Operation(op) = submit(&s, Job::Operation { tenant, key }).await? else {
+        return Err(refuse(500, "internal"));
+    };
+    let op = op.ok_or_else(|| refuse(404, "unknown_operation"))?;
+    Ok(
+        axum::Json(json!({"state": op.state, "attempt": op.attempt, "result_ref": op.result_ref}))
+            .into_response(),
+    )
+}

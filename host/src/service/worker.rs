@@ -1,0 +1,40 @@
+//! The workers' endpoint: dispatch (claims of queued durable jobs).
+
+use super::*;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct DispatchBody {
+    #[serde(default)]
+    worker: Option<String>,
+    count: u32,
+}
+
+pub(super) async fn dispatch(
+    State(s): State<Shared>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, Refusal> {
+    let Role::Worker { name } = role(&s, &headers)? else {
+        return Err(refuse(403, "forbidden"));
+    };
+    let bytes = read_body(&headers, body, s.engine.config().max_request_bytes).await?;
+    let b: DispatchBody = json_body(&bytes)?;
+    if b.worker.as_ref().is_some_and(|w| *w != name) {
+        return Err(refuse(403, "forbidden"));
+    }
+    let count = b.count.min(1000);
+    let Answer::Dispatch(a) = submit(
+        &s,
+        Job::Dispatch {
+            worker: name,
+            count,
+            now_ms: s.clock.now_ms(),
+        },
+    )
+    .await?
+    else {
+        return Err(refuse(500, "internal"));
+    };
+    Ok(axum::Json(json!(a)).into_response())
+}

@@ -1,0 +1,374 @@
+//! The HTTP API as a client sees it, on a real `tollgate serve` process: statuses, auth,
+//! retry-after, completions, dispatch and metrics.
+
+mod common;
+
+use common::http::*;
+use serde_json::{json, Value};
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+#[test]
+fn statuses_retry_after_and_auth() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path(), &config());
+
+    // Auth: missing or unknown key 401, wrong role 403, a tenant that is not the key's 403.
+    assert_eq!(s.call("POST", "/v1/admit", None, Some("{}")).0, 401);
+    assert_eq!(s.call("POST", "/v1/admit", Some("nope"), Some("{}")).0, 401);
+    assert_eq!(s.call("POST", "/v1/admit", Some(WORKER), Some("{}")).0, 403);
+    assert_eq!(
+        s.call("GET", "/v1/admin/inspect", Some(CALLER), None).0,
+        403
+    );
+    assert_eq!(
+        s.call(
+            "POST",
+            "/v1/dispatch",
+            Some(CALLER),
+            Some(r#"{"count": 1}"#)
+        )
+        .0,
+        403
+    );
+    let mut foreign = request("k0", "interactive", 10);
+    foreign["tenant"] = json!("globex");
+    assert_eq!(s.admit(CALLER, foreign).0, 403);
+    // One Authorization header, its scheme in any case: two are 401 whichever comes first
+    // (a proxy in front might have checked the other one).
+    let inspect = |auth: &str| {
+        raw_exchange(
+            &s.base,
+            &format!("GET /v1/admin/inspect HTTP/1.1\r\nHost: x\r\n{auth}\r\n"),
+        )
+        .0
+    };
+    assert_eq!(inspect(&format!("Authorization: bearer {ADMIN}\r\n")), 200);
+    assert_eq!(
+        inspect(&format!("Authorization: BEARER  {ADMIN} \r\n")),
+        200
+    );
+    assert_eq!(inspect(&format!("Authorization: Basic {ADMIN}\r\n")), 401);
+    for (first, second) in [(ADMIN, "nope"), ("nope", ADMIN), (ADMIN, ADMIN)] {
+        let two = format!("Authorization: Bearer {first}\r\nAuthorization: Bearer {second}\r\n");
+        assert_eq!(inspect(&two), 401, "{first} then {second}");
+    }
+    // A request head over 64 KiB is refused (431, by the HTTP stack) before any handler runs.
+    for (size, status) in [(60_000, 200), (70_000, 431), (1_000_000, 431)] {
+        let padding = format!("X-Padding: {}\r\n", "p".repeat(size));
+        let head = format!("Authorization: Bearer {ADMIN}\r\n{padding}");
+        assert_eq!(inspect(&head), status, "{size} bytes of padding");
+    }
+
+    // Accepted 200, duplicate 409, conflict 422, invalid 400, too large 413.
+    let (status, retry, body) = s.admit(CALLER, request("k1", "interactive", 10));
+    assert_eq!(
+        (status, retry, body["outcome"].clone()),
+        (200, None, json!("accepted"))
+    );
+    assert_eq!(s.admit(CALLER, request("k1", "interactive", 10)).0, 409);
+    assert_eq!(s.admit(CALLER, request("k1", "interactive", 11)).0, 422);
+    assert_eq!(
+        s.admit(CALLER, json!({"key": "k", "route": "interactive"}))
+            .0,
+        400
+    );
+    assert_eq!(
+        s.call("POST", "/v1/admit", Some(CALLER), Some("{not json"))
+            .0,
+        400
+    );
+    let mut big = request("kb", "interactive", 10);
+    big["size_bytes"] = json!(1_000_000);
+    assert_eq!(s.admit(CALLER, big).0, 413);
+    assert_eq!(
+        s.admit(CALLER, request("kt", "interactive", 6000)).0,
+        413,
+        "never fits the token bucket"
+    );
+    // The server answers without reading the body and closes the connection, so the
+    // request goes out in one write (a client still sending then would get a reset).
+    let huge_body = format!(r#"{{"key": "x", "pad": "{}"}}"#, "x".repeat(10_000));
+    let (status, body) = raw_exchange(
+        &s.base,
+        &format!(
+            "POST /v1/admit HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {CALLER}\r\n\
+             Content-Length: {}\r\n\r\n{huge_body}",
+            huge_body.len()
+        ),
+    );
+    assert_eq!((status, body["reason"].clone()), (413, json!("too_large")));
+
+    // A deadline that cannot be met: 504, nothing spent.
+    let mut late = request("kd", "interactive", 10);
+    late["deadline_ms"] = json!(now_ms() - 1);
+    let (status, retry, body) = s.admit(CALLER, late);
+    assert_eq!(
+        (status, retry, body["reason"].clone()),
+        (504, None, json!("deadline_exceeded"))
+    );
+
+    // Global concurrency 503 with the busy estimate; Retry-After rounds up to seconds.
+    assert_eq!(
+        s.admit(OTHER_CALLER, request("g1", "interactive", 10)).0,
+        200
+    );
+    let (status, retry, body) = s.admit(CALLER, request("k2", "interactive", 10));
+    assert_eq!(
+        (status, body["reason"].clone()),
+        (503, json!("global_concurrency"))
+    );
+    assert_eq!(
+        (retry.as_deref(), body["retry_after_ms"].clone()),
+        (Some("2"), json!(1500))
+    );
+
+    // Tenant rate 429 with the exact wait (1 credit at 0.5/s: up to 2 s).
+    let (status, retry, body) = s.admit(OTHER_CALLER, request("g2", "interactive", 10));
+    assert_eq!(
+        (status, body["reason"].clone()),
+        (429, json!("tenant_rate"))
+    );
+    assert_eq!(retry.as_deref(), Some("2"));
+    assert!(body["retry_after_ms"].as_u64().unwrap() <= 2000);
+
+    // Completion: the key's tenant only; wrong state 409; unknown 404; bad result 400.
+    assert_eq!(
+        s.call(
+            "POST",
+            "/v1/operations/k1/complete",
+            Some(OTHER_CALLER),
+            Some(r#"{"result": "succeeded"}"#)
+        )
+        .0,
+        404
+    );
+    assert_eq!(
+        s.call(
+            "POST",
+            "/v1/operations/k1/complete",
+            Some(CALLER),
+            Some(r#"{"result": "maybe"}"#)
+        )
+        .0,
+        400
+    );
+    let (status, _, body) = s.call(
+        "POST",
+        "/v1/operations/k1/complete",
+        Some(CALLER),
+        Some(r#"{"result": "unknown"}"#),
+    );
+    assert_eq!(
+        (status, body["retry"]["reason"].clone()),
+        (200, json!("unknown_outcome"))
+    );
+    assert_eq!(
+        s.admit(CALLER, request("k1", "interactive", 10)).0,
+        409,
+        "unknown_outcome_pending"
+    );
+    assert_eq!(
+        s.call(
+            "POST",
+            "/v1/operations/k1/complete",
+            Some(CALLER),
+            Some(r#"{"result": "failed"}"#)
+        )
+        .0,
+        409
+    );
+    assert_eq!(
+        s.call(
+            "POST",
+            "/v1/operations/k1/reconcile",
+            Some(CALLER),
+            Some(r#"{"resolution": "succeeded"}"#)
+        )
+        .0,
+        200
+    );
+    assert_eq!(
+        s.call(
+            "POST",
+            "/v1/operations/k1/reconcile",
+            Some(CALLER),
+            Some(r#"{"resolution": "succeeded"}"#)
+        )
+        .0,
+        409
+    );
+    let (status, _, body) = s.call("GET", "/v1/operations/k1", Some(CALLER), None);
+    assert_eq!((status, body["state"].clone()), (200, json!("succeeded")));
+    assert_eq!(
+        s.call("GET", "/v1/operations/k1", Some(OTHER_CALLER), None)
+            .0,
+        404
+    );
+    assert_eq!(
+        s.call("GET", "/v1/operations/a%2Fb", Some(CALLER), None).0,
+        404
+    );
+    // A key whose percent-decoding is not UTF-8: the key is checked first, and every error
+    // answer is JSON, unknown paths and methods included.
+    let refused = |status: u16, reason: &str| (status, json!(reason));
+    let answer = |(status, _, body): (u16, Option<String>, Value)| (status, body["reason"].clone());
+    let bad_key = "/v1/operations/%FF%FE";
+    assert_eq!(
+        answer(s.call("GET", bad_key, None, None)),
+        refused(401, "unauthorized")
+    );
+    assert_eq!(
+        answer(s.call("GET", bad_key, Some(CALLER), None)),
+        refused(400, "invalid_request")
+    );
+    assert_eq!(
+        answer(s.call(
+            "POST",
+            &format!("{bad_key}/complete"),
+            Some(CALLER),
+            Some("{\"result\": \"succeeded\"}")
+        )),
+        refused(400, "invalid_request")
+    );
+    assert_eq!(
+        answer(s.call("GET", "/v1/nothing", None, None)),
+        refused(404, "not_found")
+    );
+    assert_eq!(
+        answer(s.call("GET", "/v1/admit", Some(CALLER), None)),
+        refused(405, "method_not_allowed")
+    );
+
+    // Durable: 202, queue bound 429, dispatch by a worker, complete by the claiming worker.
+    assert_eq!(s.admit(CALLER, request("d/1", "durable", 10)).0, 202);
+    assert_eq!(s.admit(CALLER, request("d2", "durable", 10)).0, 202);
+    let (status, retry, body) = s.admit(CALLER, request("d3", "durable", 10));
+    assert_eq!(
+        (status, body["reason"].clone(), retry.as_deref()),
+        (429, json!("queue_full"), Some("2"))
+    );
+    assert_eq!(
+        s.call(
+            "POST",
+            "/v1/dispatch",
+            Some(WORKER),
+            Some(r#"{"worker": "someone-else", "count": 1}"#)
+        )
+        .0,
+        403
+    );
+    let (status, _, body) = s.call(
+        "POST",
+        "/v1/dispatch",
+        Some(WORKER),
+        Some(r#"{"count": 5}"#),
+    );
+    assert_eq!(status, 200);
+    assert_eq!(body["claimed"][0]["key"], "d/1");
+    assert_eq!(body["claimed"][0]["attempt"], 1);
+    let done = json!({"tenant": "acme", "result": "succeeded"}).to_string();
+    assert_eq!(
+        s.call(
+            "POST",
+            "/v1/operations/d%2F1/complete",
+            Some(WORKER),
+            Some(&done)
+        )
+        .0,
+        200
+    );
+
+    // Downstream unavailable: interactive 503, durable still queued.
+    assert_eq!(
+        s.call(
+            "POST",
+            "/v1/admin/downstream",
+            Some(ADMIN),
+            Some(r#"{"available": false}"#)
+        )
+        .0,
+        200
+    );
+    let (status, _, body) = s.admit(OTHER_CALLER, request("g3", "interactive", 10));
+    assert!(status == 503 || body["reason"] == "tenant_rate", "{body}");
+    let inspect = s.call("GET", "/v1/admin/inspect", Some(ADMIN), None).2;
+    assert_eq!(inspect["downstream_available"], false);
+
+    // Metrics.
+    let (status, _, metrics) = s.call("GET", "/metrics", None, None);
+    let metrics = metrics.as_str().unwrap().to_string();
+    assert_eq!(status, 200);
+    assert!(
+        metrics.contains("tollgate_decisions_total{outcome=\"accepted\",reason=\"\"}"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("reason=\"global_concurrency\""));
+    assert!(metrics.contains("tollgate_policy_info{name=\"standard\""));
+    assert!(metrics.contains("tollgate_policy_call_seconds_bucket"));
+    let batches = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("tollgate_writer_batch_jobs_count "))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .unwrap_or(0);
+    assert!(batches > 0, "{metrics}");
+    assert!(metrics.contains("tollgate_writer_batch_seconds_bucket"));
+    assert!(metrics.contains("tollgate_wal_restart_seconds_count 0"));
+    assert!(metrics.contains("tollgate_http_responses_total{status=\"413\"}"));
+    // Gauges read from the store: the same level as the admin view (no refill there).
+    let value = |text: &str, series: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+    };
+    let credits = "tollgate_bucket_credits{bucket=\"tenant.acme.requests\"} ";
+    assert_eq!(
+        value(&metrics, credits),
+        inspect["buckets"]["tenant.acme.requests"].as_f64(),
+        "{metrics}"
+    );
+    // `/metrics` needs no key: asked for in a loop, it answers with the text it made (for
+    // a second) instead of giving the writer a job each time.
+    let read = || {
+        s.call("GET", "/metrics", None, None)
+            .2
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let jobs = |text: &str| value(text, "tollgate_writer_batch_jobs_sum ").unwrap();
+    let started = Instant::now();
+    let before = jobs(&metrics);
+    for _ in 0..50 {
+        read();
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    std::thread::sleep(Duration::from_millis(1100));
+    // One reading at most per second of the loop, and this last one.
+    let jobs_run = jobs(&read()) - before;
+    assert!(
+        jobs_run <= 1.0 + seconds.ceil(),
+        "{jobs_run} writer jobs for 50 readings in {seconds:.2} s"
+    );
+    assert!(s.stop().success());
+}
+
+#[test]
+fn slow_bodies_are_cut_off_and_spend_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path(), &config());
+    let addr = s.base.trim_start_matches("http://").to_string();
+    // Promise a body and never send it: a 408 after the body timeout, nothing spent.
+    let mut stream = TcpStream::connect(&addr).unwrap();
+    write!(stream, "POST /v1/admit HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {CALLER}\r\nContent-Length: 100\r\n\r\n{{\"key\"").unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    let inspect = s.call("GET", "/v1/admin/inspect", Some(ADMIN), None).2;
+    assert_eq!(inspect["buckets"]["tenant.acme.requests"], 100);
+    assert!(s.stop().success());
+}

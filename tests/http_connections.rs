@@ -1,0 +1,172 @@
+//! Connections: refused bodies still being sent, the connection bound, and running out of
+//! file descriptors.
+
+mod common;
+
+use common::http::*;
+use serde_json::json;
+use std::io::Write;
+use std::net::TcpStream;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+#[test]
+fn a_client_still_sending_a_refused_body_sees_the_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path(), &config());
+    let addr = s.base.trim_start_matches("http://").to_string();
+    let head = |extra: &str, length: usize| {
+        format!(
+            "POST /v1/admit HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {CALLER}\r\n\
+             {extra}Content-Length: {length}\r\n\r\n"
+        )
+    };
+    // The body follows the headers after a pause (as from a client streaming a file): the
+    // server reads and throws it away, then answers, instead of resetting the connection
+    // under a client that has not finished writing.
+    let mut stream = TcpStream::connect(&addr).unwrap();
+    stream.write_all(head("", 5_000_000).as_bytes()).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    stream.write_all(&vec![b'x'; 5_000_000]).unwrap();
+    assert_eq!(read_answer(&mut stream).0, 413);
+    // A client that waits for `100 Continue` is answered 413 without sending the body.
+    let mut stream = TcpStream::connect(&addr).unwrap();
+    let waiting = head("Expect: 100-continue\r\n", 300_000);
+    stream.write_all(waiting.as_bytes()).unwrap();
+    let (status, body) = read_answer(&mut stream);
+    assert_eq!((status, body["reason"].clone()), (413, json!("too_large")));
+    // A chunked body over the limit is cut off: the answer comes, and the connection ends
+    // long before the client could send all it had.
+    let mut stream = TcpStream::connect(&addr).unwrap();
+    stream
+        .write_all(
+            head("Transfer-Encoding: chunked\r\n", 0)
+                .replace("Content-Length: 0\r\n", "")
+                .as_bytes(),
+        )
+        .unwrap();
+    let mut sender = stream.try_clone().unwrap();
+    let sending = std::thread::spawn(move || {
+        let chunk = format!("10000\r\n{}\r\n", "x".repeat(0x10000));
+        let mut sent = 0usize;
+        while sent < 256 << 20 && sender.write_all(chunk.as_bytes()).is_ok() {
+            sent += 0x10000;
+        }
+        sent
+    });
+    let (status, body) = read_answer(&mut stream);
+    assert_eq!((status, body["reason"].clone()), (413, json!("too_large")));
+    let sent = sending.join().unwrap();
+    assert!(sent < 256 << 20, "the server read all {sent} bytes");
+    // So is a body refused before it is read at all: an unknown key, a key of the wrong
+    // role, an unknown path.
+    for (request, status) in [
+        (
+            "POST /v1/admit HTTP/1.1\r\nAuthorization: Bearer nobody\r\n",
+            401,
+        ),
+        (
+            &format!("PUT /v1/admin/policy HTTP/1.1\r\nAuthorization: Bearer {CALLER}\r\n"),
+            403,
+        ),
+        ("POST /v1/nowhere HTTP/1.1\r\n", 404),
+    ] {
+        let mut stream = TcpStream::connect(&addr).unwrap();
+        let head = format!("{request}Host: x\r\nContent-Length: 5000000\r\n\r\n");
+        stream.write_all(head.as_bytes()).unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        stream.write_all(&vec![b'x'; 5_000_000]).unwrap();
+        assert_eq!(read_answer(&mut stream).0, status, "{request}");
+    }
+    // A client waiting for `100 Continue` is refused without being asked for the body.
+    let mut stream = TcpStream::connect(&addr).unwrap();
+    let waiting = "POST /v1/admit HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer nobody\r\n\
+                   Expect: 100-continue\r\nContent-Length: 5000000\r\n\r\n";
+    stream.write_all(waiting.as_bytes()).unwrap();
+    assert_eq!(read_answer(&mut stream).0, 401);
+    let inspect = s.call("GET", "/v1/admin/inspect", Some(ADMIN), None).2;
+    assert_eq!(inspect["buckets"]["tenant.acme.requests"], 100);
+    assert!(s.stop().success());
+}
+
+#[test]
+fn connections_past_the_bound_wait_for_a_free_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config();
+    config["limits"]["max_connections"] = json!(4);
+    let s = Server::start(dir.path(), &config);
+    let addr = s.base.trim_start_matches("http://").to_string();
+    let held = idle_connections(&addr, 4);
+    // A fifth connection is not served while the four are open...
+    let waiting = ureq::AgentBuilder::new()
+        .timeout(Duration::from_millis(500))
+        .build()
+        .get(&format!("{}/healthz", s.base))
+        .call();
+    assert!(waiting.is_err(), "served past the bound: {waiting:?}");
+    // ...and is once they close.
+    drop(held);
+    let (status, _, metrics) = s.call("GET", "/metrics", None, None);
+    assert_eq!(status, 200);
+    let open = metrics.as_str().unwrap().lines().find_map(|l| {
+        l.strip_prefix("tollgate_http_connections ")
+            .map(|v| v.parse::<i64>().unwrap())
+    });
+    assert!(matches!(open, Some(1..=4)), "{open:?}");
+    assert!(s.stop().success());
+}
+
+#[test]
+fn running_out_of_file_descriptors_pauses_accepting_without_spinning() {
+    let dir = tempfile::tempdir().unwrap();
+    let config_path = dir.path().join("config.json");
+    std::fs::write(&config_path, config().to_string()).unwrap();
+    let log = dir.path().join("serve.log");
+    // The server may open 48 files; the connection bound (1,000 by default) is far above.
+    let (child, base) = common::spawn_serve_via(
+        &[
+            "--config",
+            config_path.to_str().unwrap(),
+            "--db",
+            dir.path().join("state.db").to_str().unwrap(),
+        ],
+        |program| {
+            let mut command = Command::new("sh");
+            command
+                .args(["-c", "ulimit -n 48 && exec \"$0\" \"$@\"", program])
+                .stderr(std::fs::File::create(&log).unwrap());
+            command
+        },
+    );
+    let s = Server { child, base };
+    let addr = s.base.trim_start_matches("http://").to_string();
+    // More connections than the server has descriptors left: the rest wait in the backlog.
+    let held = idle_connections(&addr, 80);
+    std::thread::sleep(Duration::from_millis(300));
+    let cpu_ticks = common::server::cpu_ticks;
+    let before = cpu_ticks(s.child.id());
+    std::thread::sleep(Duration::from_secs(2));
+    let used = cpu_ticks(s.child.id()) - before;
+    // Retrying accept at once would keep both cores busy (~400 ticks in 2 s).
+    assert!(
+        used < 50,
+        "{used} ticks of CPU in 2 s while out of descriptors"
+    );
+    let failures = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains("accept failed"))
+        .count();
+    assert!(
+        (1..=5).contains(&failures),
+        "{failures} accept failures logged"
+    );
+    // Once the connections close, the server serves again.
+    drop(held);
+    let started = Instant::now();
+    while ureq::get(&format!("{}/healthz", s.base)).call().is_err() {
+        assert!(started.elapsed() < Duration::from_secs(10), "no recovery");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(s.stop().success());
+}
