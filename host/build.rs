@@ -15,19 +15,6 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 const TARGET: &str = "wasm32-unknown-unknown";
-/// The policies the `tollgate` binary carries: what production may select.
-const PRODUCTION: &[&str] = &["standard", "deny-all"];
-/// Built for the tests only (`policies/fixtures/`).
-const FIXTURES: &[&str] = &[
-    "faulty",
-    "retry-everything",
-    "broken",
-    "mistyped",
-    "greedy",
-    "verbose",
-    "quiet-hours",
-];
-
 fn main() {
     let manifest_dir = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").unwrap());
     let root = manifest_dir.parent().unwrap().to_path_buf();
@@ -74,13 +61,18 @@ fn main() {
         "building the policy components under policies/ failed"
     );
 
+    // The members of policies/Cargo.toml: those under `fixtures/` are built for the tests
+    // only, the others are carried by the binary.
+    let members = workspace_members(&root.join("policies/Cargo.toml"));
     let components = target_dir.join("components");
     fs::create_dir_all(&components).unwrap();
     let mut listing = String::from(
         "/// The production policy components built from `policies/`, by name.\n\
          pub const BUILTIN: &[(&str, &[u8])] = &[\n",
     );
-    for name in PRODUCTION.iter().chain(FIXTURES) {
+    for member in &members {
+        let production = !member.starts_with("fixtures/");
+        let name = member.rsplit('/').next().unwrap();
         let module_path = target_dir
             .join(TARGET)
             .join("release")
@@ -93,7 +85,7 @@ fn main() {
             .unwrap_or_else(|e| panic!("making a component of policy {name}: {e:?}"));
         let component_path = components.join(format!("{name}.wasm"));
         fs::write(&component_path, &component).unwrap();
-        if PRODUCTION.contains(name) {
+        if production {
             let shipped = out_dir.join(format!("{name}.wasm"));
             fs::write(&shipped, component).unwrap();
             writeln!(
@@ -135,4 +127,19 @@ fn check_target_installed(rustc: &str) {
              Install it with:\n\n    rustup target add {TARGET}\n\n"
         );
     }
+}
+
+/// The `members` of a Cargo workspace manifest, as written.
+fn workspace_members(manifest: &Path) -> Vec<String> {
+    let text = fs::read_to_string(manifest).unwrap();
+    let start = text
+        .find("members = [")
+        .expect("policies/Cargo.toml lists its members");
+    let list = &text[start..];
+    let list = &list[..list.find(']').unwrap()];
+    list.lines()
+        .filter(|l| !l.trim_start().starts_with('#'))
+        .flat_map(|l| l.split('"').skip(1).step_by(2))
+        .map(str::to_string)
+        .collect()
 }

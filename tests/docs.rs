@@ -19,7 +19,7 @@ fn first_block<'a>(text: &'a str, lang: &str) -> Option<&'a str> {
 }
 
 #[test]
-fn the_readme_policy_example_is_the_compiled_fixture() {
+fn the_policy_example_in_the_docs_is_the_compiled_fixture() {
     let readme = std::fs::read_to_string(repo().join("docs/writing-policies.md")).unwrap();
     let example = first_block(&readme, "rust").expect("a rust example");
     let source =

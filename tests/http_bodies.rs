@@ -172,7 +172,7 @@ fn spoiled_bodies_are_refused_with_a_bounded_reason_and_change_nothing() {
         for body in bodies {
             let (status, answer) = send_bytes(&s.base, "POST", path, key, &body);
             let shown = String::from_utf8_lossy(&body[..body.len().min(120)]).into_owned();
-            // The error answer of SPEC section 10, with a reason of a few words. A
+            // The error answer of docs/http-api.md, with a reason of a few words. A
             // deadline in the past is well-formed and refused 504 (nothing spent either).
             let reason = answer["reason"].as_str().unwrap_or("");
             assert!(

@@ -124,7 +124,7 @@ fn refused_policy(s: &Server, name: &str) -> String {
 
 fn policy_file(dir: &Path, name: &str) -> PathBuf {
     let path = dir.join(format!("{name}.wasm"));
-    std::fs::write(&path, &common::policy_bytes(name)).unwrap();
+    std::fs::write(&path, common::policy_bytes(name)).unwrap();
     path
 }
 

@@ -157,7 +157,7 @@ pub fn http(
     let pid = server.0.id();
     // A thread takes its name when it first runs, which may come after the server listens.
     let writer_before = (0..50).find_map(|_| {
-        let ticks = cpu_ticks(pid, Some(tollgate::service::WRITER_THREAD));
+        let ticks = cpu_ticks(pid, Some(tollgate_cli::service::WRITER_THREAD));
         if ticks.is_none() {
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
@@ -174,7 +174,7 @@ pub fn http(
     figures.server_cpu_us_per_admission = spent(cpu_before.0, cpu_ticks(pid, None));
     figures.writer_cpu_us_per_admission = spent(
         cpu_before.1,
-        cpu_ticks(pid, Some(tollgate::service::WRITER_THREAD)),
+        cpu_ticks(pid, Some(tollgate_cli::service::WRITER_THREAD)),
     );
     Ok(figures)
 }
@@ -218,8 +218,9 @@ pub fn http_postgres(
     requests: u64,
     replicas: usize,
 ) -> Result<HttpFigures, String> {
-    use tollgate::service::{self, ConfigFile};
+    use tollgate::config::ConfigFile;
     use tollgate::store::{AnyStore, PgStore};
+    use tollgate_cli::service;
     let config = ConfigFile::from_json(&http_config(tenants))?;
     let schema = format!("tollgate_bench_{}", std::process::id());
     let mut servers = Vec::new();

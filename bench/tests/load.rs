@@ -9,7 +9,7 @@ fn tollgate() -> PathBuf {
     let bench = PathBuf::from(env!("CARGO_BIN_EXE_tollgate-bench"));
     let release = bench.parent().unwrap().ends_with("release");
     let mut build = Command::new(env!("CARGO"));
-    build.args(["build", "-p", "tollgate", "--bin", "tollgate"]);
+    build.args(["build", "-p", "tollgate-cli", "--bin", "tollgate"]);
     if release {
         build.arg("--release");
     }

@@ -1,4 +1,4 @@
-//! The standard rules of SPEC.md (degradation, deadline estimate, retry eligibility),
+//! The standard rules of docs/contract.md (degradation, deadline estimate, retry eligibility),
 //! written against the host imports so that other policies can reuse them.
 //!
 //! This file names its parent module (`super`), not the crate: the host also compiles it
@@ -23,7 +23,7 @@ pub fn reservation(input: u64, optional_context: u64, max_output: u64) -> u64 {
         .saturating_add(max_output)
 }
 
-/// The parameters the standard rules read, with the defaults of SPEC.md section 9.
+/// The parameters the standard rules read, with the defaults of docs/configuration.md.
 #[derive(Clone, Copy, Debug)]
 pub struct Params {
     pub max_attempts: f64,
@@ -144,7 +144,7 @@ fn token_shortage_cured(req: &Request, reduced: (u64, u64)) -> bool {
     small <= bucket.available || (full > bucket.capacity && small <= bucket.capacity)
 }
 
-/// The standard retry eligibility of SPEC.md section 6.
+/// The standard retry eligibility of docs/contract.md section 6.
 pub fn on_failure(report: &FailureReport) -> RetryDecision {
     let p = Params::read();
     let retryable = matches!(

@@ -22,8 +22,8 @@ pub mod model;
 pub mod reason;
 pub mod runtime;
 pub mod scenario;
-pub mod service;
+
 pub mod store;
-pub(crate) mod validate;
+pub mod validate;
 
 pub use engine::Engine;

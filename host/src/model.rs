@@ -27,14 +27,15 @@ pub struct Request {
     pub fingerprint: Option<String>,
 }
 
-/// Where an operation is in its life (SPEC.md section 2).
+/// Where an operation is in its life (docs/contract.md section 2). A `failed` completion
+/// never rests: it moves the operation on at once, to `retry_pending`, `queued` or
+/// `failed_final`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum OpState {
     Queued,
     Active,
     Succeeded,
-    Failed,
     Unknown,
     RetryPending,
     FailedFinal,
@@ -47,7 +48,6 @@ impl OpState {
             OpState::Queued => "queued",
             OpState::Active => "active",
             OpState::Succeeded => "succeeded",
-            OpState::Failed => "failed",
             OpState::Unknown => "unknown",
             OpState::RetryPending => "retry_pending",
             OpState::FailedFinal => "failed_final",
@@ -217,5 +217,28 @@ mod tests {
             Operation::from_record("acme".into(), "op-1".into(), &back).unwrap(),
             full
         );
+    }
+}
+
+/// The names of buckets and slot scopes, as the store keeps them and `inspect` shows them.
+pub mod names {
+    /// The global request bucket.
+    pub const GLOBAL_REQUESTS: &str = "global.requests";
+    /// The global concurrency scope.
+    pub const GLOBAL_SLOTS: &str = "global";
+
+    /// A tenant's request bucket.
+    pub fn tenant_requests(tenant: &str) -> String {
+        format!("tenant.{tenant}.requests")
+    }
+
+    /// A tenant's token bucket.
+    pub fn tenant_tokens(tenant: &str) -> String {
+        format!("tenant.{tenant}.tokens")
+    }
+
+    /// A tenant's concurrency scope.
+    pub fn tenant_slots(tenant: &str) -> String {
+        format!("tenant.{tenant}")
     }
 }

@@ -1,4 +1,4 @@
-//! Outcomes and refusal reasons, with their HTTP mapping (SPEC.md section 3).
+//! Outcomes and refusal reasons, with their HTTP mapping (docs/contract.md section 3).
 
 use serde::{Deserialize, Serialize};
 

@@ -1,4 +1,4 @@
-//! Scenario files (SPEC.md section 9): a configuration, a policy and steps in logical time,
+//! Scenario files (docs/scenarios.md): a configuration, a policy and steps in logical time,
 //! each with an optional `expect`. Files are read strictly: an unknown field anywhere is an
 //! error of the file, so a typo in a fixture cannot pass silently.
 

@@ -1,4 +1,4 @@
-//! Validation of an admission request (SPEC.md section 4): strict types, bounded sizes,
+//! Validation of an admission request (docs/contract.md section 4): strict types, bounded sizes,
 //! and the tenant check; and the shape every JSON body must have (one object, each member
 //! named once, never an array standing for an object). It runs before anything is read
 //! or spent.
@@ -33,7 +33,7 @@ const FIELDS: &[&str] = &[
 /// Turns a request object into a [`Request`], or the reason it is refused.
 pub fn request(raw: &Value, config: &Config) -> Result<Request, Reason> {
     let obj = raw.as_object().ok_or(Reason::InvalidRequest)?;
-    // The order of SPEC.md: unknown_tenant, then invalid_request, then too_large.
+    // The order of docs/contract.md: unknown_tenant, then invalid_request, then too_large.
     let tenant = string(obj, "tenant")?.ok_or(Reason::InvalidRequest)?;
     if config.tenant(&tenant).is_none() {
         return Err(Reason::UnknownTenant);

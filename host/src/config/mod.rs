@@ -8,6 +8,7 @@ mod file;
 pub use file::{ConfigFile, Role, DEFAULT_MAX_CONNECTIONS};
 
 use crate::bucket::Limits;
+use crate::model::names;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -143,7 +144,7 @@ pub struct Config {
     pub policy_params: BTreeMap<String, f64>,
 }
 
-/// The `policy_params` of SPEC.md section 9, which every configuration starts from.
+/// The `policy_params` of docs/configuration.md, which every configuration starts from.
 pub const DEFAULT_POLICY_PARAMS: &[(&str, f64)] = &[
     ("max_attempts", 3.0),
     ("backoff_base_ms", 100.0),
@@ -234,10 +235,10 @@ impl Config {
     }
 
     fn check(&self) -> Result<(), ConfigError> {
-        let mut buckets = vec![("global.requests".to_string(), self.global_requests)];
+        let mut buckets = vec![(names::GLOBAL_REQUESTS.to_string(), self.global_requests)];
         for (name, t) in &self.tenants {
-            buckets.push((format!("tenant.{name}.requests"), t.requests));
-            buckets.push((format!("tenant.{name}.tokens"), t.tokens));
+            buckets.push((names::tenant_requests(name), t.requests));
+            buckets.push((names::tenant_tokens(name), t.tokens));
             if t.weight == 0 {
                 return Err(ConfigError(format!(
                     "tenants.{name}.weight must be at least 1"

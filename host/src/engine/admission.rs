@@ -1,4 +1,4 @@
-//! Admission (SPEC.md section 4): validation, the operation's state, the downstream, the
+//! Admission (docs/contract.md section 4): validation, the operation's state, the downstream, the
 //! policy's plan, the deadline, the never-fit bound and the budgets, in that order, the
 //! first that refuses answering. All of it in one transaction; a refusal writes nothing.
 
@@ -87,7 +87,7 @@ impl Decision {
     }
 }
 
-/// The fingerprint that makes two requests "the same" (SPEC.md section 2).
+/// The fingerprint that makes two requests "the same" (docs/contract.md section 2).
 pub(crate) fn fingerprint(req: &Request) -> String {
     if let Some(f) = &req.fingerprint {
         return format!("caller:{f}");
@@ -154,10 +154,7 @@ impl<S: Store> Engine<S> {
         let guest_req = runtime::Request {
             tenant: req.tenant.clone(),
             key: req.key.clone(),
-            route: match req.route {
-                Route::Interactive => runtime::Route::Interactive,
-                Route::Durable => runtime::Route::Durable,
-            },
+            route: super::wit_route(req.route),
             input_tokens: req.input_tokens,
             optional_context_tokens: req.optional_context_tokens,
             max_output_tokens: req.max_output_tokens,
@@ -230,7 +227,7 @@ impl<S: Store> Engine<S> {
             Ok(r) => r,
             Err(r) => return Ok(with_policy(Decision::refused(r))),
         };
-        // Durable: the queue bound comes after the request buckets (SPEC.md step 7).
+        // Durable: the queue bound comes after the request buckets (docs/contract.md section 4, step 7).
         if req.route == Route::Durable && tx.queue_depth(&req.tenant)? >= tenant.queue_limit {
             let full = Refusal {
                 reason: Reason::QueueFull,
@@ -314,9 +311,7 @@ fn existing(tx: &mut dyn Tx, req: &Request, fp: &str, now_ms: i64) -> Result<Exi
         ));
     }
     Ok(Existing::Answer(match op.state {
-        OpState::Queued | OpState::Active | OpState::Failed => {
-            Decision::about(Outcome::DuplicateActive, &op)
-        }
+        OpState::Queued | OpState::Active => Decision::about(Outcome::DuplicateActive, &op),
         OpState::Unknown => Decision::rejected(Reason::UnknownOutcomePending, None),
         OpState::Succeeded | OpState::FailedFinal | OpState::Expired => {
             Decision::about(Outcome::DuplicateCompleted, &op)

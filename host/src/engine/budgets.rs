@@ -2,6 +2,7 @@
 
 use crate::bucket::{self, Limits, Shortage};
 use crate::config::{Config, TenantConfig};
+use crate::model::names;
 use crate::reason::Reason;
 use crate::runtime::{BucketLevel, SlotLevel};
 use crate::store::{StoreError, Tx};
@@ -124,21 +125,21 @@ pub(crate) struct Budgets {
 impl Budgets {
     pub fn global_requests(config: &Config) -> BucketRef {
         BucketRef {
-            name: "global.requests".into(),
+            name: names::GLOBAL_REQUESTS.into(),
             limits: config.global_requests.limits(),
         }
     }
 
     pub fn tenant_requests(name: &str, t: &TenantConfig) -> BucketRef {
         BucketRef {
-            name: format!("tenant.{name}.requests"),
+            name: names::tenant_requests(name),
             limits: t.requests.limits(),
         }
     }
 
     pub fn tenant_tokens(name: &str, t: &TenantConfig) -> BucketRef {
         BucketRef {
-            name: format!("tenant.{name}.tokens"),
+            name: names::tenant_tokens(name),
             limits: t.tokens.limits(),
         }
     }
@@ -149,11 +150,11 @@ impl Budgets {
             global_requests: Self::global_requests(config),
             tenant_tokens: Self::tenant_tokens(name, t),
             tenant_slots: t.concurrency.map(|limit| SlotRef {
-                scope: format!("tenant.{name}"),
+                scope: names::tenant_slots(name),
                 limit,
             }),
             global_slots: SlotRef {
-                scope: "global".into(),
+                scope: names::GLOBAL_SLOTS.into(),
                 limit: config.global_concurrency,
             },
         }
@@ -173,7 +174,7 @@ impl Budgets {
     }
 
     /// Checks every budget `needs` names without writing. With several short budgets the
-    /// reason is the first of SPEC.md's order, and the retry-after is the time until every
+    /// reason is the first of the contract.s order, and the retry-after is the time until every
     /// short bucket holds what is needed.
     pub fn check(
         &self,

@@ -4,7 +4,7 @@
 
 use super::budgets::{release_slot, Budgets};
 use super::Engine;
-use crate::model::{CallResult, OpState, Operation, RetryVerdict, Route, Usage};
+use crate::model::{names, CallResult, OpState, Operation, RetryVerdict, Route, Usage};
 use crate::runtime::{self, Decider, Failure, GiveUpReason, RetryDecision};
 use crate::store::{QueuedJob, Store, StoreError, Tx};
 use serde::Serialize;
@@ -253,10 +253,7 @@ impl<S: Store> Engine<S> {
         let report = runtime::FailureReport {
             tenant: op.tenant.clone(),
             key: op.key.clone(),
-            route: match op.route {
-                Route::Interactive => runtime::Route::Interactive,
-                Route::Durable => runtime::Route::Durable,
-            },
+            route: super::wit_route(op.route),
             attempt: op.attempt,
             failure: c.failure.as_deref().map(failure_kind),
             provider_retry_after_ms: c.provider_retry_after_ms,
@@ -292,11 +289,11 @@ impl<S: Store> Engine<S> {
         now_ms: i64,
     ) -> Result<(), StoreError> {
         if op.holds_slot {
-            release_slot(tx, "global")?;
+            release_slot(tx, names::GLOBAL_SLOTS)?;
             op.holds_slot = false;
         }
         if op.holds_tenant_slot {
-            release_slot(tx, &format!("tenant.{}", op.tenant))?;
+            release_slot(tx, &names::tenant_slots(&op.tenant))?;
             op.holds_tenant_slot = false;
         }
         if op.tokens_reserved {

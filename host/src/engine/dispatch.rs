@@ -1,4 +1,4 @@
-//! Dispatch (SPEC.md section 5): expire what can no longer meet its deadline, then claim
+//! Dispatch (docs/contract.md section 5): expire what can no longer meet its deadline, then claim
 //! queued jobs for a worker, visiting tenants in name order by weighted round robin (by job
 //! count) or deficit round robin (by reserved tokens). The position persists in the store.
 //!

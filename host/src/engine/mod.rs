@@ -19,13 +19,21 @@ pub use dispatch::{Claim, DispatchAnswer, DispatchReason};
 pub use swap::{NoVerifier, PolicyIdentity, SwapError, Verifier};
 
 use crate::config::Config;
-use crate::model::{JobRef, OpState, Operation};
+use crate::model::{names, JobRef, OpState, Operation, Route};
 use crate::runtime::{Decider, DecisionView, Jitter, Runtime};
 use crate::store::{Store, StoreError, Tx};
 use budgets::Budgets;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, RwLock};
+
+/// A route as the policy's world spells it.
+fn wit_route(route: Route) -> crate::runtime::Route {
+    match route {
+        Route::Interactive => crate::runtime::Route::Interactive,
+        Route::Durable => crate::runtime::Route::Durable,
+    }
+}
 
 /// The active policy and the one before it (for rollback).
 struct Policies {
@@ -42,7 +50,7 @@ pub struct Engine<S: Store> {
     policies: RwLock<Policies>,
 }
 
-/// What `inspect` shows (SPEC.md section 9).
+/// What `inspect` shows (docs/scenarios.md).
 #[derive(Clone, Debug, Serialize)]
 pub struct Inspection {
     pub buckets: BTreeMap<String, i64>,
@@ -148,7 +156,10 @@ impl<S: Store> Engine<S> {
             global.name.clone(),
             global.level(tx, now_ms)?.whole_credits(),
         );
-        slots.insert("global".to_string(), tx.slots_in_use("global")?);
+        slots.insert(
+            names::GLOBAL_SLOTS.to_string(),
+            tx.slots_in_use(names::GLOBAL_SLOTS)?,
+        );
         for (name, tenant) in &self.config.tenants {
             for b in [
                 Budgets::tenant_requests(name, tenant),
@@ -157,7 +168,7 @@ impl<S: Store> Engine<S> {
                 buckets.insert(b.name.clone(), b.level(tx, now_ms)?.whole_credits());
             }
             if tenant.concurrency.is_some() {
-                let scope = format!("tenant.{name}");
+                let scope = names::tenant_slots(name);
                 slots.insert(scope.clone(), tx.slots_in_use(&scope)?);
             }
             queues.insert(name.clone(), tx.queue_depth(name)?);

@@ -397,6 +397,12 @@ impl LoadedPolicy {
 mod tests {
     use super::*;
 
+    /// A test fixture this build made (`policies/fixtures/`).
+    fn fixture(name: &str) -> Vec<u8> {
+        let dir = crate::scenario::default_fixtures();
+        crate::scenario::resolve_policy(name, None, &dir).unwrap()
+    }
+
     #[test]
     fn jitter_is_deterministic_and_bounded() {
         let mut a = Jitter::new(7, "acme", "k1", 1);
@@ -415,7 +421,7 @@ mod tests {
     fn load_error(name: &str) -> (LoadError, String) {
         let err = Runtime::new()
             .unwrap()
-            .load(builtin::get(name).unwrap(), u64::MAX)
+            .load(&fixture(name), u64::MAX)
             .unwrap_err();
         let text = err.to_string();
         (err, text)
@@ -467,7 +473,7 @@ mod tests {
     #[test]
     fn what_a_hostile_module_says_about_itself_is_bounded() {
         let rt = Runtime::new().unwrap();
-        let load = |name| rt.load(builtin::get(name).unwrap(), u64::MAX).unwrap();
+        let load = |name| rt.load(&fixture(name), u64::MAX).unwrap();
         let scratch = || DecisionView::scratch(Arc::new(BTreeMap::new()));
         // A self-check failing with 4 MiB of text.
         let message = load("verbose").self_check(scratch()).unwrap().unwrap_err();
@@ -489,7 +495,7 @@ mod tests {
     fn faulty_admit(key: &str) -> PolicyFault {
         let faulty = Runtime::new()
             .unwrap()
-            .load(builtin::get("faulty").unwrap(), u64::MAX)
+            .load(&fixture("faulty"), u64::MAX)
             .unwrap();
         let request = Request {
             tenant: "acme".into(),

@@ -5,11 +5,9 @@
 //! [`Store::transaction`]: it reads rows, decides, and writes rows; the store makes that
 //! all-or-nothing.
 
-mod bucket_log;
 mod cached;
 use cached::Cached;
 pub mod postgres;
-mod row_cache;
 mod schema;
 pub mod sqlite;
 

@@ -1,4 +1,4 @@
-//! The standard policy: the rules of SPEC.md sections 3, 4, 6 and 7 with `policy_params`.
+//! The standard policy: the rules of docs/contract.md sections 3, 4, 6 and 7 with `policy_params`.
 
 use tollgate_guest::{
     export_policy, standard, Admission, FailureReport, Policy, PolicyInfo, Request, RetryDecision,

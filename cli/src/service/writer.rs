@@ -5,12 +5,12 @@
 
 use super::intake::Intake;
 use super::metrics::Metrics;
-use crate::engine::{Answer, Engine, Job};
-use crate::store::AnyStore;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use tokio::runtime::Handle;
 use tokio::sync::oneshot;
+use tollgate::engine::{Answer, Engine, Job};
+use tollgate::store::AnyStore;
 
 /// The writer thread's name (the HTTP bench finds its CPU time by it).
 pub const WRITER_THREAD: &str = "tollgate-writer";
@@ -143,9 +143,9 @@ fn deliver(replies: Vec<Reply>, answers: Vec<Result<Answer, String>>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Config;
-    use crate::runtime::{builtin, Runtime};
-    use crate::store::SqliteStore;
+    use tollgate::config::Config;
+    use tollgate::runtime::{builtin, Runtime};
+    use tollgate::store::SqliteStore;
 
     #[test]
     fn answers_reach_a_submitter_whose_runtime_started_after_another_ended() {

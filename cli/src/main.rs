@@ -1,6 +1,6 @@
 //! The `tollgate` command line: one module per subcommand under `cli/`.
 
-mod cli;
+mod commands;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -27,38 +27,38 @@ enum Command {
     /// Conformance scenarios (docs/scenarios.md).
     Conformance {
         #[command(subcommand)]
-        command: cli::conformance::Command,
+        command: commands::conformance::Command,
     },
     /// Decide one admission read as JSON from standard input, and print the decision.
-    Decide(cli::inspect::DecideArgs),
+    Decide(commands::inspect::DecideArgs),
     /// Queue depth per tenant in a store.
     Queue {
         #[command(flatten)]
-        engine: cli::EngineArgs,
+        engine: commands::EngineArgs,
     },
     /// Operations in a store, with the hash of the policy that decided each.
     Ops {
         #[command(flatten)]
-        engine: cli::EngineArgs,
+        engine: commands::EngineArgs,
     },
     /// Serve the engine over HTTP (docs/http-api.md) until SIGTERM or SIGINT.
-    Serve(cli::serve::ServeArgs),
+    Serve(commands::serve::ServeArgs),
     /// Policy components: list, check, and swap or roll back on a running server.
     Policy {
         #[command(subcommand)]
-        command: cli::policy::Command,
+        command: commands::policy::Command,
     },
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let outcome = match cli.command {
-        Command::Conformance { command } => cli::conformance::run(command),
-        Command::Decide(args) => cli::inspect::decide(args),
-        Command::Queue { engine } => cli::inspect::queue(&engine),
-        Command::Ops { engine } => cli::inspect::ops(&engine),
-        Command::Serve(args) => cli::serve::run(args),
-        Command::Policy { command } => cli::policy::run(command),
+        Command::Conformance { command } => commands::conformance::run(command),
+        Command::Decide(args) => commands::inspect::decide(args),
+        Command::Queue { engine } => commands::inspect::queue(&engine),
+        Command::Ops { engine } => commands::inspect::ops(&engine),
+        Command::Serve(args) => commands::serve::run(args),
+        Command::Policy { command } => commands::policy::run(command),
     };
     match outcome {
         Ok(code) => code,

@@ -3,14 +3,14 @@
 //! swap; each activation and refusal is logged.
 
 use super::{set_policy_gauge, Metrics};
-use crate::engine::Engine;
-use crate::runtime::PolicyDigest;
-use crate::store::AnyStore;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
+use tollgate::engine::Engine;
+use tollgate::runtime::PolicyDigest;
+use tollgate::store::AnyStore;
 
 /// How often the file is looked at; a change must hold still for one interval.
 pub const POLL: Duration = Duration::from_millis(250);
@@ -49,7 +49,7 @@ pub fn spawn(
     engine: Arc<Engine<AnyStore>>,
     metrics: Metrics,
     path: PathBuf,
-    verifier: std::sync::Arc<crate::scenario::ScenarioVerifier>,
+    verifier: std::sync::Arc<tollgate::scenario::ScenarioVerifier>,
     stop: Arc<AtomicBool>,
 ) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {

@@ -21,9 +21,9 @@ mod watch;
 mod worker;
 mod writer;
 
-pub use crate::config::{ConfigFile, Role};
 pub use metrics::Metrics;
 pub use server::{build, build_with, serve, shutdown_signal, watch_policy};
+pub use tollgate::config::{ConfigFile, Role};
 pub use writer::{Writer, WRITER_THREAD};
 
 use admin::*;
@@ -33,14 +33,6 @@ use operations::*;
 use refusal::*;
 use worker::*;
 
-use crate::engine::{Answer, Completion, Engine, Job, Reconciliation};
-use crate::model::{CallResult, Resolution, Usage};
-use crate::reason::Reason;
-use crate::runtime::builtin;
-use crate::runtime::{LoadedPolicy, Runtime};
-use crate::scenario::ScenarioVerifier;
-use crate::store::AnyStore;
-use crate::validate;
 use axum::body::{Body, Bytes};
 use axum::extract::{FromRequestParts, Path, Request, State};
 use axum::http::{header, request::Parts, HeaderMap, HeaderValue, StatusCode};
@@ -53,6 +45,14 @@ use serde_json::{json, Value};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+use tollgate::engine::{Answer, Completion, Engine, Job, Reconciliation};
+use tollgate::model::{CallResult, Resolution, Usage};
+use tollgate::reason::Reason;
+use tollgate::runtime::builtin;
+use tollgate::runtime::{LoadedPolicy, Runtime};
+use tollgate::scenario::ScenarioVerifier;
+use tollgate::store::AnyStore;
+use tollgate::validate;
 
 /// How long a client may take to send its body (slow bodies are cut off with 408).
 pub const BODY_TIMEOUT: Duration = Duration::from_secs(10);

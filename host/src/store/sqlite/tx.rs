@@ -1,0 +1,243 @@
+//! One SQLite transaction as the engine sees it ([`Tx`]): buckets, slots and meta through
+//! the row cache, operations and queues in SQL.
+
+use super::super::{QueuedJob, StoreError, Tx};
+use super::row_cache::RowCache;
+use crate::bucket;
+use crate::model::Operation;
+use rusqlite::{params, Connection, OptionalExtension};
+
+pub(super) struct SqliteTx<'a> {
+    pub(super) tx: &'a Connection,
+    pub(super) rows: &'a mut RowCache,
+}
+
+fn job_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<QueuedJob> {
+    Ok(QueuedJob {
+        tenant: r.get(0)?,
+        key: r.get(1)?,
+        tokens: r.get::<_, i64>(2)? as u64,
+        not_before_ms: r.get(3)?,
+        expire_at_ms: r.get(4)?,
+    })
+}
+
+impl Tx for SqliteTx<'_> {
+    fn bucket(&mut self, name: &str) -> Result<Option<bucket::State>, StoreError> {
+        if let Some(s) = self.rows.bucket(name) {
+            return Ok(s);
+        }
+        let mut st = self
+            .tx
+            .prepare_cached("SELECT balance_micro, updated_ms FROM buckets WHERE name = ?1")?;
+        let s = st
+            .query_row([name], |r| {
+                Ok(bucket::State {
+                    balance_micro: r.get(0)?,
+                    updated_ms: r.get(1)?,
+                })
+            })
+            .optional()?;
+        self.rows.bucket_read(name, s);
+        Ok(s)
+    }
+
+    fn set_bucket(&mut self, name: &str, s: bucket::State) -> Result<(), StoreError> {
+        // Written to SQL when the transaction commits.
+        self.rows.set_bucket(name, s);
+        Ok(())
+    }
+
+    fn slots_in_use(&mut self, scope: &str) -> Result<u32, StoreError> {
+        if let Some(n) = self.rows.slots(scope) {
+            return Ok(n);
+        }
+        let mut st = self
+            .tx
+            .prepare_cached("SELECT in_use FROM slots WHERE scope = ?1")?;
+        let n = st
+            .query_row([scope], |r| r.get::<_, u32>(0))
+            .optional()?
+            .unwrap_or(0);
+        self.rows.slots_read(scope, n);
+        Ok(n)
+    }
+
+    fn set_slots_in_use(&mut self, scope: &str, in_use: u32) -> Result<(), StoreError> {
+        // Written to SQL when the transaction commits.
+        self.rows.set_slots(scope, in_use);
+        Ok(())
+    }
+
+    fn operation(&mut self, tenant: &str, key: &str) -> Result<Option<Operation>, StoreError> {
+        let mut st = self
+            .tx
+            .prepare_cached("SELECT record FROM operations WHERE tenant = ?1 AND key = ?2")?;
+        let record: Option<String> = st.query_row([tenant, key], |r| r.get(0)).optional()?;
+        Ok(record
+            .map(|r| Operation::from_record(tenant.to_string(), key.to_string(), &r))
+            .transpose()?)
+    }
+
+    fn put_operation(&mut self, op: &Operation) -> Result<(), StoreError> {
+        let record = serde_json::to_string(op)?;
+        let mut st = self.tx.prepare_cached(
+            "INSERT INTO operations (tenant, key, state, worker, record) VALUES (?1, ?2, ?3, ?4, ?5)
+             ON CONFLICT (tenant, key) DO UPDATE SET state = ?3, worker = ?4, record = ?5",
+        )?;
+        st.execute(params![
+            op.tenant,
+            op.key,
+            op.state.as_str(),
+            op.worker,
+            record
+        ])?;
+        Ok(())
+    }
+
+    fn operations(&mut self) -> Result<Vec<Operation>, StoreError> {
+        let mut st = self
+            .tx
+            .prepare_cached("SELECT tenant, key, record FROM operations ORDER BY tenant, key")?;
+        let rows = st.query_map([], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, String>(2)?,
+            ))
+        })?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (tenant, key, record) = row?;
+            out.push(Operation::from_record(tenant, key, &record)?);
+        }
+        Ok(out)
+    }
+
+    fn unfinished_claims(&mut self, worker: &str) -> Result<u32, StoreError> {
+        let mut st = self.tx.prepare_cached(
+            "SELECT COUNT(*) FROM operations WHERE worker = ?1 AND state IN ('active', 'unknown')",
+        )?;
+        Ok(st.query_row([worker], |r| r.get(0))?)
+    }
+
+    fn meta(&mut self, name: &str) -> Result<Option<String>, StoreError> {
+        if let Some(v) = self.rows.meta(name) {
+            return Ok(v);
+        }
+        let mut st = self
+            .tx
+            .prepare_cached("SELECT value FROM meta WHERE name = ?1")?;
+        let v: Option<String> = st.query_row([name], |r| r.get(0)).optional()?;
+        self.rows.meta_read(name, v.clone());
+        Ok(v)
+    }
+
+    fn set_meta(&mut self, name: &str, value: &str) -> Result<(), StoreError> {
+        let mut st = self.tx.prepare_cached(
+            "INSERT INTO meta (name, value) VALUES (?1, ?2) ON CONFLICT (name) DO UPDATE SET value = ?2",
+        )?;
+        st.execute([name, value])?;
+        self.rows.meta_written(name, value);
+        Ok(())
+    }
+
+    fn enqueue(&mut self, job: &QueuedJob) -> Result<(), StoreError> {
+        self.tx
+            .prepare_cached(
+                "INSERT INTO queue (tenant, key, tokens, not_before_ms, expire_at_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
+            )?
+            .execute(params![job.tenant, job.key, job.tokens as i64, job.not_before_ms, job.expire_at_ms])?;
+        self.tx
+            .prepare_cached(
+                "INSERT INTO tenant_queues (tenant, depth, deficit) VALUES (?1, 1, 0)
+                 ON CONFLICT (tenant) DO UPDATE SET depth = depth + 1",
+            )?
+            .execute([&job.tenant])?;
+        Ok(())
+    }
+
+    fn dequeue(&mut self, tenant: &str, key: &str) -> Result<(), StoreError> {
+        let removed = self
+            .tx
+            .prepare_cached("DELETE FROM queue WHERE tenant = ?1 AND key = ?2")?
+            .execute([tenant, key])?;
+        if removed > 0 {
+            self.tx
+                .prepare_cached("UPDATE tenant_queues SET depth = depth - ?2 WHERE tenant = ?1")?
+                .execute(params![tenant, removed as i64])?;
+        }
+        Ok(())
+    }
+
+    fn queue_depth(&mut self, tenant: &str) -> Result<u32, StoreError> {
+        let mut st = self
+            .tx
+            .prepare_cached("SELECT depth FROM tenant_queues WHERE tenant = ?1")?;
+        Ok(st
+            .query_row([tenant], |r| r.get(0))
+            .optional()?
+            .unwrap_or(0))
+    }
+
+    fn ready_head(&mut self, tenant: &str, now_ms: i64) -> Result<Option<QueuedJob>, StoreError> {
+        let mut st = self.tx.prepare_cached(
+            "SELECT tenant, key, tokens, not_before_ms, expire_at_ms FROM queue
+             WHERE tenant = ?1 AND not_before_ms <= ?2 ORDER BY seq LIMIT 1",
+        )?;
+        Ok(st
+            .query_row(params![tenant, now_ms], job_from_row)
+            .optional()?)
+    }
+
+    fn next_backlogged(&mut self, after: Option<&str>) -> Result<Option<String>, StoreError> {
+        // Two statements, so that each is a plain seek on the partial index.
+        let row = match after {
+            Some(after) => self
+                .tx
+                .prepare_cached(
+                    "SELECT tenant FROM tenant_queues WHERE depth > 0 AND tenant > ?1
+                     ORDER BY tenant LIMIT 1",
+                )?
+                .query_row([after], |r| r.get(0))
+                .optional()?,
+            None => self
+                .tx
+                .prepare_cached(
+                    "SELECT tenant FROM tenant_queues WHERE depth > 0 ORDER BY tenant LIMIT 1",
+                )?
+                .query_row([], |r| r.get(0))
+                .optional()?,
+        };
+        Ok(row)
+    }
+
+    fn infeasible(&mut self, now_ms: i64) -> Result<Vec<QueuedJob>, StoreError> {
+        let mut st = self.tx.prepare_cached(
+            "SELECT tenant, key, tokens, not_before_ms, expire_at_ms FROM queue
+             WHERE expire_at_ms <= ?1 ORDER BY expire_at_ms, seq",
+        )?;
+        let rows = st.query_map([now_ms], job_from_row)?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    fn deficit(&mut self, tenant: &str) -> Result<u64, StoreError> {
+        let mut st = self
+            .tx
+            .prepare_cached("SELECT deficit FROM tenant_queues WHERE tenant = ?1")?;
+        Ok(st
+            .query_row([tenant], |r| r.get::<_, i64>(0))
+            .optional()?
+            .unwrap_or(0) as u64)
+    }
+
+    fn set_deficit(&mut self, tenant: &str, deficit: u64) -> Result<(), StoreError> {
+        self.tx
+            .prepare_cached(
+                "INSERT INTO tenant_queues (tenant, depth, deficit) VALUES (?1, 0, ?2)
+                 ON CONFLICT (tenant) DO UPDATE SET deficit = ?2",
+            )?
+            .execute(params![tenant, deficit.min(i64::MAX as u64) as i64])?;
+        Ok(())
+    }
+}
