@@ -10,7 +10,7 @@ use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 #[test]
-fn statuses_retry_after_and_auth() {
+fn auth_comes_first_and_one_bearer_header_counts() {
     let dir = tempfile::tempdir().unwrap();
     let s = Server::start(dir.path(), &config());
 
@@ -60,6 +60,13 @@ fn statuses_retry_after_and_auth() {
         let head = format!("Authorization: Bearer {ADMIN}\r\n{padding}");
         assert_eq!(inspect(&head), status, "{size} bytes of padding");
     }
+    assert!(s.stop().success());
+}
+
+#[test]
+fn admissions_answer_with_the_contract_statuses_and_retry_after() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path(), &config());
 
     // Accepted 200, duplicate 409, conflict 422, invalid 400, too large 413.
     let (status, retry, body) = s.admit(CALLER, request("k1", "interactive", 10));
@@ -132,6 +139,14 @@ fn statuses_retry_after_and_auth() {
     );
     assert_eq!(retry.as_deref(), Some("2"));
     assert!(body["retry_after_ms"].as_u64().unwrap() <= 2000);
+    assert!(s.stop().success());
+}
+
+#[test]
+fn completions_reconciliations_and_keys_in_paths() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path(), &config());
+    assert_eq!(s.admit(CALLER, request("k1", "interactive", 10)).0, 200);
 
     // Completion: the key's tenant only; wrong state 409; unknown 404; bad result 400.
     assert_eq!(
@@ -240,6 +255,13 @@ fn statuses_retry_after_and_auth() {
         answer(s.call("GET", "/v1/admit", Some(CALLER), None)),
         refused(405, "method_not_allowed")
     );
+    assert!(s.stop().success());
+}
+
+#[test]
+fn durable_work_dispatch_and_downstream() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path(), &config());
 
     // Durable: 202, queue bound 429, dispatch by a worker, complete by the claiming worker.
     assert_eq!(s.admit(CALLER, request("d/1", "durable", 10)).0, 202);
@@ -292,9 +314,31 @@ fn statuses_retry_after_and_auth() {
         200
     );
     let (status, _, body) = s.admit(OTHER_CALLER, request("g3", "interactive", 10));
-    assert!(status == 503 || body["reason"] == "tenant_rate", "{body}");
+    assert_eq!(
+        (status, body["reason"].clone()),
+        (503, json!("downstream_unavailable"))
+    );
     let inspect = s.call("GET", "/v1/admin/inspect", Some(ADMIN), None).2;
     assert_eq!(inspect["downstream_available"], false);
+    assert!(s.stop().success());
+}
+
+#[test]
+fn metrics_count_decisions_and_match_the_admin_view() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path(), &config());
+    // Decisions to count: two accepted (the global limit is 2), one refused for it, one
+    // body too large.
+    assert_eq!(s.admit(CALLER, request("k1", "interactive", 10)).0, 200);
+    assert_eq!(
+        s.admit(OTHER_CALLER, request("g1", "interactive", 10)).0,
+        200
+    );
+    assert_eq!(s.admit(CALLER, request("k2", "interactive", 10)).0, 503);
+    let mut big = request("kb", "interactive", 10);
+    big["size_bytes"] = json!(1_000_000);
+    assert_eq!(s.admit(CALLER, big).0, 413);
+    let inspect = s.call("GET", "/v1/admin/inspect", Some(ADMIN), None).2;
 
     // Metrics.
     let (status, _, metrics) = s.call("GET", "/metrics", None, None);

@@ -400,10 +400,6 @@ async fn drive(
     Ok((latencies, errors))
 }
 
-/// The peer design: the same all-or-nothing multi-bucket reservation with operation keys as
-/// a Redis Lua script (how LLM gateways such as LiteLLM keep shared limits), driven from this
-/// harness over loopback, one script call per admission and per completion.
-
 #[cfg(test)]
 mod tests {
     use super::*;

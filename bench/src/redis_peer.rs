@@ -1,5 +1,7 @@
-//! The same reservation as a Redis Lua script, on a `redis-server` this benchmark starts on
-//! loopback: the peer the admissions figure is compared with.
+//! The peer design: the same all-or-nothing multi-bucket reservation with operation keys as
+//! a Redis Lua script (how LLM gateways such as LiteLLM keep shared limits), on a
+//! `redis-server` this benchmark starts on loopback, one script call per admission and per
+//! completion.
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};

@@ -30,6 +30,7 @@ impl Limits {
 /// What the store keeps for a bucket.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct State {
+    /// Credits held, in micro-credits.
     pub balance_micro: i64,
     /// Logical time of the last refill. Never moves backwards.
     pub updated_ms: i64,

@@ -1,3 +1,4 @@
+#![warn(missing_docs)]
 //! tollgate: admission control and fair scheduling for expensive provider calls.
 //!
 //! Embed it to decide admissions in your own process: open a [`store`], load a policy with
@@ -11,7 +12,9 @@
 //! - [`config`]: one configuration format for every command.
 //! - [`model`], [`reason`]: the vocabulary of requests, operations and outcomes.
 //! - [`scenario`]: the conformance runner for scenario files, and the verifier swaps use.
-//! - [`service`]: `tollgate serve`, the engine behind HTTP.
+//!
+//! The HTTP service (`tollgate serve`) and the command line are the `tollgate-cli` package
+//! (`cli/`), so that embedding the engine does not link an HTTP stack.
 //!
 //! `examples/embed.rs` shows the whole loop in a few dozen lines.
 

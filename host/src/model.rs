@@ -15,15 +15,25 @@ pub enum Route {
 /// A validated admission request.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Request {
+    /// The tenant, configured.
     pub tenant: String,
+    /// The operation key, 1 to 255 characters.
     pub key: String,
+    /// Interactive (now or never) or durable (queued).
     pub route: Route,
+    /// Prompt tokens.
     pub input_tokens: u64,
+    /// Context tokens the policy may drop under pressure.
     pub optional_context_tokens: u64,
+    /// Most output tokens the call may generate.
     pub max_output_tokens: u64,
+    /// The absolute deadline, carried through every hop.
     pub deadline_ms: i64,
+    /// The request body's size, checked against `max_request_bytes`.
     pub size_bytes: u64,
+    /// Where a durable job's body is.
     pub body_ref: Option<String>,
+    /// The caller's own fingerprint, replacing the computed one.
     pub fingerprint: Option<String>,
 }
 
@@ -33,16 +43,24 @@ pub struct Request {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum OpState {
+    /// Waiting in its tenant's queue.
     Queued,
+    /// Reserved; the call is authorised.
     Active,
+    /// Ended well.
     Succeeded,
+    /// The call may have reached the provider: its slot is held until reconciled.
     Unknown,
+    /// Failed, and the policy will let it retry after `not_before_ms`.
     RetryPending,
+    /// Failed for good.
     FailedFinal,
+    /// Its deadline passed while queued.
     Expired,
 }
 
 impl OpState {
+    /// The state's wire name.
     pub fn as_str(self) -> &'static str {
         match self {
             OpState::Queued => "queued",
@@ -60,7 +78,9 @@ impl OpState {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum CallResult {
+    /// The call ended well.
     Succeeded,
+    /// The call failed before the provider did the work.
     Failed,
     /// A timeout after the request was sent: the provider may still be working.
     Unknown,
@@ -70,7 +90,9 @@ pub enum CallResult {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Resolution {
+    /// The unknown call turned out to have succeeded.
     Succeeded,
+    /// The unknown call failed; it is not retried.
     Failed,
 }
 
@@ -95,7 +117,9 @@ impl From<Resolution> for CallResult {
 /// Tokens a provider reports as used.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct Usage {
+    /// Prompt tokens the provider counted.
     pub input_tokens: u64,
+    /// Output tokens the provider counted.
     pub output_tokens: u64,
 }
 
@@ -122,9 +146,12 @@ impl<'de> Deserialize<'de> for Usage {
 /// The retry verdict given for a completion.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RetryVerdict {
+    /// Whether the operation will be retried.
     pub eligible: bool,
+    /// Why not, when not.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// The earliest time of the retry.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub not_before_ms: Option<i64>,
 }
@@ -135,33 +162,47 @@ pub struct RetryVerdict {
 /// two and every absent optional field (records from before that still read).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Operation {
+    /// The tenant it belongs to.
     #[serde(default, skip_serializing)]
     pub tenant: String,
+    /// The caller's key.
     #[serde(default, skip_serializing)]
     pub key: String,
+    /// What makes a repeated admission the same request.
     pub fingerprint: String,
+    /// Interactive or durable.
     pub route: Route,
+    /// Where it is in its life.
     pub state: OpState,
     /// Attempts count from 1.
     pub attempt: u32,
     /// The deadline stored at first admission; it wins for the operation's whole life.
     pub deadline_ms: i64,
+    /// Prompt tokens, as admitted.
     pub input_tokens: u64,
     /// The plan: what is (or will be) reserved.
     pub max_output_tokens: u64,
+    /// Optional context tokens, as planned.
     pub optional_context_tokens: u64,
+    /// Tokens the current attempt reserved.
     pub reserved_tokens: u64,
+    /// The policy's estimate of the call's duration.
     pub estimated_exec_ms: u64,
+    /// Whether the policy reduced the request.
     pub degraded: bool,
+    /// Where a durable job's body is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub body_ref: Option<String>,
     /// Whether the operation holds a global slot (and, with `holds_tenant_slot`, a tenant slot).
     pub holds_slot: bool,
+    /// Whether it holds a slot of its tenant's scope.
     pub holds_tenant_slot: bool,
     /// Whether the token reservation of the current attempt is still outstanding.
     pub tokens_reserved: bool,
+    /// The earliest time of the next attempt.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub not_before_ms: Option<i64>,
+    /// The caller's reference to the saved answer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result_ref: Option<String>,
     /// The worker that claimed the current attempt (durable only).
@@ -170,6 +211,7 @@ pub struct Operation {
     /// The result of the `complete` that ended the latest attempt, to make repeats no-ops.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_result: Option<CallResult>,
+    /// The retry verdict of the last failure, replayed to a repeated report.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_retry: Option<RetryVerdict>,
     /// Content hash of the policy that made the latest decision.
@@ -179,7 +221,9 @@ pub struct Operation {
 /// A `{tenant, key}` pair in dispatch answers.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, PartialOrd, Ord)]
 pub struct JobRef {
+    /// The job's tenant.
     pub tenant: String,
+    /// The job's key.
     pub key: String,
 }
 

@@ -10,13 +10,18 @@ pub enum Outcome {
     Accepted,
     /// Durable acceptance into the tenant's queue (not completion).
     Queued,
+    /// The key was seen with the same request and has ended: the saved answer.
     DuplicateCompleted,
+    /// The key was seen with the same request and is still queued or running.
     DuplicateActive,
+    /// The key was seen with another request.
     Conflict,
+    /// Refused, with a reason.
     Rejected,
 }
 
 impl Outcome {
+    /// The outcome's wire name.
     pub fn as_str(self) -> &'static str {
         match self {
             Outcome::Accepted => "accepted",
@@ -33,24 +38,40 @@ impl Outcome {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Reason {
+    /// Malformed: a field missing, of the wrong type or out of range.
     InvalidRequest,
+    /// The tenant is not configured.
     UnknownTenant,
+    /// Over `max_request_bytes`, or a reservation no bucket could ever hold.
     TooLarge,
+    /// The tenant's request bucket is short.
     TenantRate,
+    /// The tenant's token bucket is short.
     TokenBudget,
+    /// The tenant's concurrency limit is reached.
     TenantConcurrency,
+    /// The tenant's durable queue is full.
     QueueFull,
+    /// A retry before its `not_before_ms`.
     RetryTooEarly,
+    /// The global request bucket is short.
     GlobalRate,
+    /// The global concurrency limit is reached.
     GlobalConcurrency,
+    /// The policy refused under load.
     Overloaded,
+    /// The downstream is marked unavailable.
     DownstreamUnavailable,
+    /// The policy faulted or broke its contract (fails closed).
     PolicyError,
+    /// The call cannot finish before the deadline.
     DeadlineExceeded,
+    /// The key's last call has an unknown outcome, not yet reconciled.
     UnknownOutcomePending,
 }
 
 impl Reason {
+    /// The reason's wire name.
     pub fn as_str(self) -> &'static str {
         match self {
             Reason::InvalidRequest => "invalid_request",

@@ -18,7 +18,9 @@ use std::sync::Arc;
 #[derive(Debug, thiserror::Error)]
 #[error("{path}: {message}")]
 pub struct ScenarioError {
+    /// The file.
     pub path: String,
+    /// What is wrong with it.
     pub message: String,
 }
 
@@ -147,7 +149,9 @@ struct Step {
 /// A parsed scenario, ready to run.
 #[derive(Debug)]
 pub struct Scenario {
+    /// The scenario's name.
     pub name: String,
+    /// Where it was read from.
     pub path: PathBuf,
     config: Config,
     policy: Option<String>,
@@ -233,9 +237,13 @@ impl Scenario {
 /// A step whose answer did not match its `expect`.
 #[derive(Debug, Clone)]
 pub struct Mismatch {
+    /// The step's index, from 0.
     pub step: usize,
+    /// The step's `op`.
     pub op: String,
+    /// What `expect` said.
     pub expected: Value,
+    /// What the engine answered.
     pub actual: Value,
 }
 
@@ -291,6 +299,7 @@ pub struct Runner {
 }
 
 impl Runner {
+    /// A runner whose scenarios default to the `standard` policy.
     pub fn new(runtime: Runtime) -> Self {
         Runner {
             runtime,

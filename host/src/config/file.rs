@@ -11,12 +11,15 @@ use std::collections::{BTreeMap, HashMap};
 pub enum Role {
     /// A caller acting for one tenant.
     Caller {
+        /// The tenant the key acts for.
         tenant: String,
     },
     /// A dispatch worker with its own name.
     Worker {
+        /// The worker's name, recorded with its claims.
         name: String,
     },
+    /// An operator: policy, downstream status, inspection.
     Admin,
 }
 
@@ -49,7 +52,9 @@ impl Default for WorkersInput {
 /// A whole configuration file, validated.
 #[derive(Clone, Debug)]
 pub struct ConfigFile {
+    /// The engine's part, shared with scenario files.
     pub engine: Config,
+    /// Every key and its role.
     pub keys: HashMap<String, Role>,
     /// Built-in policy name or `.wasm` path (default `standard`).
     pub policy: String,

@@ -21,11 +21,14 @@ pub struct ConfigError(pub String);
 #[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct BucketConfig {
+    /// Most credits the bucket holds; it starts full.
     pub capacity: f64,
+    /// Credits added per second (0: a hard budget).
     pub refill_per_s: f64,
 }
 
 impl BucketConfig {
+    /// The exact integer limits the bucket arithmetic runs on.
     pub fn limits(&self) -> Limits {
         Limits::from_credits(self.capacity, self.refill_per_s)
     }
@@ -34,9 +37,9 @@ impl BucketConfig {
 /// A bucket given field by field over another.
 #[derive(Clone, Copy, Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-pub struct BucketOverlay {
-    pub capacity: Option<f64>,
-    pub refill_per_s: Option<f64>,
+pub(crate) struct BucketOverlay {
+    pub(crate) capacity: Option<f64>,
+    pub(crate) refill_per_s: Option<f64>,
 }
 
 impl BucketOverlay {
@@ -50,26 +53,26 @@ impl BucketOverlay {
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct GlobalConfigInput {
-    pub requests: BucketOverlay,
-    pub concurrency: Option<u32>,
+pub(crate) struct GlobalConfigInput {
+    pub(crate) requests: BucketOverlay,
+    pub(crate) concurrency: Option<u32>,
 }
 
 /// A tenant's settings as written: every field optional, laid over `tenant_defaults`.
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-pub struct TenantOverlay {
+pub(crate) struct TenantOverlay {
     #[serde(default)]
-    pub requests: Option<BucketOverlay>,
+    pub(crate) requests: Option<BucketOverlay>,
     #[serde(default)]
-    pub tokens: Option<BucketOverlay>,
+    pub(crate) tokens: Option<BucketOverlay>,
     /// `null` means "no tenant concurrency limit"; absent means "as the defaults".
     #[serde(default, deserialize_with = "explicit_option")]
-    pub concurrency: Option<Option<u32>>,
+    pub(crate) concurrency: Option<Option<u32>>,
     #[serde(default)]
-    pub queue_limit: Option<u32>,
+    pub(crate) queue_limit: Option<u32>,
     #[serde(default)]
-    pub weight: Option<u32>,
+    pub(crate) weight: Option<u32>,
 }
 
 fn explicit_option<'de, D: serde::Deserializer<'de>>(
@@ -80,31 +83,31 @@ fn explicit_option<'de, D: serde::Deserializer<'de>>(
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct LimitsInput {
-    pub max_request_bytes: Option<u64>,
-    pub max_policy_bytes: Option<u64>,
+pub(crate) struct LimitsInput {
+    pub(crate) max_request_bytes: Option<u64>,
+    pub(crate) max_policy_bytes: Option<u64>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct SchedulerInput {
-    pub discipline: Option<Discipline>,
-    pub quantum_tokens: Option<u64>,
-    pub max_claims_per_worker: Option<u32>,
+pub(crate) struct SchedulerInput {
+    pub(crate) discipline: Option<Discipline>,
+    pub(crate) quantum_tokens: Option<u64>,
+    pub(crate) max_claims_per_worker: Option<u32>,
 }
 
 /// The configuration as written in a file: everything optional.
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct ConfigInput {
-    pub seed: Option<u64>,
-    pub refund_unused_tokens: Option<bool>,
-    pub global: GlobalConfigInput,
-    pub tenant_defaults: TenantOverlay,
-    pub tenants: BTreeMap<String, TenantOverlay>,
-    pub limits: LimitsInput,
-    pub scheduler: SchedulerInput,
-    pub policy_params: BTreeMap<String, serde_json::Value>,
+pub(crate) struct ConfigInput {
+    pub(crate) seed: Option<u64>,
+    pub(crate) refund_unused_tokens: Option<bool>,
+    pub(crate) global: GlobalConfigInput,
+    pub(crate) tenant_defaults: TenantOverlay,
+    pub(crate) tenants: BTreeMap<String, TenantOverlay>,
+    pub(crate) limits: LimitsInput,
+    pub(crate) scheduler: SchedulerInput,
+    pub(crate) policy_params: BTreeMap<String, serde_json::Value>,
 }
 
 /// How dispatch shares claims between tenants.
@@ -120,25 +123,40 @@ pub enum Discipline {
 /// One tenant's effective settings.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TenantConfig {
+    /// The tenant's request bucket.
     pub requests: BucketConfig,
+    /// The tenant's token bucket.
     pub tokens: BucketConfig,
+    /// Calls in flight the tenant may have (`None`: no tenant limit).
     pub concurrency: Option<u32>,
+    /// Durable jobs the tenant may have queued.
     pub queue_limit: u32,
+    /// The tenant's share in dispatch.
     pub weight: u32,
 }
 
 /// The effective configuration, every default applied and every value checked.
 #[derive(Clone, Debug)]
 pub struct Config {
+    /// Seeds the policy's deterministic draw.
     pub seed: u64,
+    /// Whether reported usage refunds unused tokens.
     pub refund_unused_tokens: bool,
+    /// The global request bucket.
     pub global_requests: BucketConfig,
+    /// Calls in flight across all tenants.
     pub global_concurrency: u32,
+    /// The tenants by name, each with the defaults applied.
     pub tenants: BTreeMap<String, TenantConfig>,
+    /// Largest admission (`size_bytes`) and HTTP body.
     pub max_request_bytes: u64,
+    /// Largest policy component accepted.
     pub max_policy_bytes: u64,
+    /// How dispatch shares claims between tenants.
     pub discipline: Discipline,
+    /// Tokens a `drr_tokens` turn adds, times the tenant's weight.
     pub quantum_tokens: u64,
+    /// Unfinished claims one worker may hold.
     pub max_claims_per_worker: u32,
     /// Policy parameters as numbers (booleans as 0 and 1), defaults included.
     pub policy_params: BTreeMap<String, f64>,
@@ -165,7 +183,7 @@ impl Config {
         Config::from_input(input)
     }
 
-    pub fn from_input(input: ConfigInput) -> Result<Config, ConfigError> {
+    pub(crate) fn from_input(input: ConfigInput) -> Result<Config, ConfigError> {
         let base_tenant = TenantConfig {
             requests: BucketConfig {
                 capacity: 10.0,
@@ -272,10 +290,12 @@ impl Config {
         Config::from_input(input).expect("the defaults are valid")
     }
 
+    /// A configured tenant, or `None` (`unknown_tenant`).
     pub fn tenant(&self, name: &str) -> Option<&TenantConfig> {
         self.tenants.get(name)
     }
 
+    /// A `policy_params` value (booleans read as 1 or 0).
     pub fn param(&self, name: &str) -> Option<f64> {
         self.policy_params.get(name).copied()
     }

@@ -15,24 +15,35 @@ use sha2::{Digest, Sha256};
 /// The answer to one admission.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Decision {
+    /// What happened: accepted, queued, a duplicate, a conflict, or rejected.
     pub outcome: Outcome,
+    /// Why, when rejected.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<Reason>,
+    /// The HTTP status this outcome maps to.
     pub http: u16,
+    /// When a retry may succeed, where known.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub retry_after_ms: Option<u64>,
+    /// The attempt this answer concerns.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub attempt: Option<u32>,
+    /// Tokens reserved (or to be reserved at dispatch, for durable work).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reserved_tokens: Option<u64>,
+    /// The output limit the call must use (reduced when degraded).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_output_tokens: Option<u64>,
+    /// The optional context the call may send (0 when degraded).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub optional_context_tokens: Option<u64>,
+    /// Whether the policy reduced the request.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub degraded: Option<bool>,
+    /// The operation's state after this admission.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub state: Option<OpState>,
+    /// The saved answer's reference, for a completed duplicate.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub result_ref: Option<String>,
     /// The content hash of the policy that decided, when a policy was consulted or the
@@ -42,6 +53,7 @@ pub struct Decision {
 }
 
 impl Decision {
+    /// A refusal decided before any state was read (validation, say).
     pub fn rejected(reason: Reason, retry_after_ms: Option<u64>) -> Self {
         Decision {
             outcome: Outcome::Rejected,

@@ -11,34 +11,54 @@ use crate::store::{Store, StoreError};
 pub enum Job {
     /// An admission of an already validated request.
     Admit {
+        /// The validated request.
         request: Request,
+        /// The time of the decision.
         now_ms: i64,
     },
+    /// Report how an active operation's call ended.
     Complete {
+        /// The report.
         completion: Completion,
+        /// The time of the report.
         now_ms: i64,
     },
+    /// Resolve an unknown outcome.
     Reconcile {
+        /// The resolution.
         reconciliation: Reconciliation,
+        /// The time of the resolution.
         now_ms: i64,
     },
+    /// Claim queued durable jobs for a worker.
     Dispatch {
+        /// The worker's name.
         worker: String,
+        /// Most jobs to claim.
         count: u32,
+        /// The time of the dispatch.
         now_ms: i64,
     },
+    /// Mark the downstream available or not.
     SetDownstream {
+        /// Whether it is available.
         available: bool,
     },
+    /// Read one operation back.
     Operation {
+        /// Its tenant.
         tenant: String,
+        /// Its key.
         key: String,
     },
+    /// Everything `inspect` shows.
     Inspect {
+        /// The time buckets are read at.
         now_ms: i64,
     },
     /// As `Inspect`, without the list of operations (for metrics).
     Levels {
+        /// The time buckets are read at.
         now_ms: i64,
     },
 }
@@ -46,11 +66,17 @@ pub enum Job {
 /// The answer to one [`Job`].
 #[derive(Clone, Debug)]
 pub enum Answer {
+    /// The answer to `Admit`.
     Decision(Decision),
+    /// The answer to `Complete` or `Reconcile`.
     Completion(CompletionAnswer),
+    /// The answer to `Dispatch`.
     Dispatch(DispatchAnswer),
+    /// The answer to `SetDownstream`.
     Done,
+    /// The answer to `Operation`.
     Operation(Option<OperationView>),
+    /// The answer to `Inspect` and `Levels`.
     Inspection(Box<Inspection>),
 }
 

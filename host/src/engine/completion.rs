@@ -12,13 +12,19 @@ use serde::Serialize;
 /// A caller's report of how an attempt ended.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Completion {
+    /// The operation's tenant.
     pub tenant: String,
+    /// The operation's key.
     pub key: String,
+    /// How the call ended.
     pub result: CallResult,
+    /// Tokens the provider reported, for a refund.
     pub usage: Option<Usage>,
     /// The failure kind (`rate_limited`, `unavailable`, …) when `result` is `failed`.
     pub failure: Option<String>,
+    /// The provider's own retry-after, a floor for the retry's delay.
     pub provider_retry_after_ms: Option<u64>,
+    /// The caller's reference to the saved answer.
     pub result_ref: Option<String>,
     /// When a worker reports: it may act only on a job it claimed.
     pub worker: Option<String>,
@@ -43,11 +49,15 @@ impl Completion {
 /// The resolution of an `unknown` outcome, once the caller knows it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Reconciliation {
+    /// The operation's tenant.
     pub tenant: String,
+    /// The operation's key.
     pub key: String,
     /// `succeeded` or `failed` (a failed reconciliation is final: never retried).
     pub resolution: CallResult,
+    /// Tokens the provider reported, for a refund.
     pub usage: Option<Usage>,
+    /// The caller's reference to the saved answer.
     pub result_ref: Option<String>,
     /// When a worker reports: it may act only on a job it claimed.
     pub worker: Option<String>,
@@ -56,11 +66,15 @@ pub struct Reconciliation {
 /// The answer to `complete` or `reconcile`.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct CompletionAnswer {
+    /// Whether the report applied.
     pub ok: bool,
+    /// Why not (`not_active`, `not_unknown`, `unknown_operation`, `not_claimed`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<&'static str>,
+    /// After a failure: whether and when the host retries.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub retry: Option<RetryVerdict>,
+    /// The operation's state afterwards.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub state: Option<OpState>,
 }

@@ -17,7 +17,9 @@ use std::collections::BTreeMap;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum DispatchReason {
+    /// The downstream is marked unavailable.
     DownstreamUnavailable,
+    /// The worker holds `max_claims_per_worker` unfinished claims.
     WorkerAtCapacity,
     /// Ready jobs exist, but none could reserve its tokens and a slot.
     NoCapacity,
@@ -28,25 +30,36 @@ pub enum DispatchReason {
 /// One claimed job: what the worker needs to make the call.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Claim {
+    /// The job's tenant.
     pub tenant: String,
+    /// The job's operation key.
     pub key: String,
+    /// Where the job's body is (tollgate never holds bodies).
     pub body_ref: Option<String>,
+    /// The deadline stored at admission.
     pub deadline_ms: i64,
+    /// Tokens reserved for the call.
     pub reserved_tokens: u64,
+    /// The output limit the call must use.
     pub max_output_tokens: u64,
+    /// The attempt this claim is, from 1.
     pub attempt: u32,
 }
 
 /// The answer to one dispatch.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct DispatchAnswer {
+    /// The jobs claimed, in claim order.
     pub claimed: Vec<Claim>,
+    /// The jobs this call expired.
     pub expired: Vec<JobRef>,
+    /// Why fewer than asked were claimed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<DispatchReason>,
 }
 
 impl DispatchAnswer {
+    /// Claims per tenant, for fairness checks.
     pub fn claimed_by_tenant(&self) -> BTreeMap<String, u32> {
         let mut out = BTreeMap::new();
         for c in &self.claimed {

@@ -53,23 +53,36 @@ pub struct Engine<S: Store> {
 /// What `inspect` shows (docs/scenarios.md).
 #[derive(Clone, Debug, Serialize)]
 pub struct Inspection {
+    /// Bucket name to whole credits available now.
     pub buckets: BTreeMap<String, i64>,
+    /// Slot scope to calls in flight.
     pub slots: BTreeMap<String, u32>,
+    /// Tenant to queued durable jobs, retries waiting included.
     pub queues: BTreeMap<String, u32>,
+    /// Every operation (empty when asked for levels only).
     pub operations: Vec<OperationView>,
+    /// Whether the downstream is marked available.
     pub downstream_available: bool,
+    /// The active policy.
     pub policy: PolicyIdentity,
 }
 
 /// One operation as `inspect` and `tollgate ops` show it.
 #[derive(Clone, Debug, Serialize)]
 pub struct OperationView {
+    /// The tenant the operation belongs to.
     pub tenant: String,
+    /// The caller's operation key.
     pub key: String,
+    /// Where the operation is in its life.
     pub state: OpState,
+    /// The current attempt, from 1.
     pub attempt: u32,
+    /// Tokens the current attempt reserved.
     pub reserved_tokens: u64,
+    /// Whether the policy reduced the request.
     pub degraded: bool,
+    /// The caller's reference to the saved answer, once succeeded.
     pub result_ref: Option<String>,
     /// The content hash of the policy that made the latest decision on it.
     pub policy: String,
@@ -108,6 +121,7 @@ impl<S: Store> Engine<S> {
         }
     }
 
+    /// The configuration the engine enforces.
     pub fn config(&self) -> &Config {
         &self.config
     }

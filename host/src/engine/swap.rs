@@ -12,12 +12,16 @@ use std::sync::Arc;
 /// A loaded policy's identity: what it says it is, and its content hash.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct PolicyIdentity {
+    /// The name the policy gives itself.
     pub name: String,
+    /// The version the policy gives itself.
     pub version: String,
+    /// The SHA-256 of the component, in hex.
     pub sha256: String,
 }
 
 impl PolicyIdentity {
+    /// The identity of a loaded policy.
     pub fn of(p: &dyn Decider) -> Self {
         let (info, digest) = (p.info(), p.digest());
         PolicyIdentity {
@@ -31,14 +35,19 @@ impl PolicyIdentity {
 /// Why a candidate policy was refused; the active policy is unchanged.
 #[derive(Debug, thiserror::Error)]
 pub enum SwapError {
+    /// It could not be loaded: size, compilation, world or self-check.
     #[error(transparent)]
     Load(#[from] LoadError),
+    /// An ordinary admission faulted or broke the plan contract.
     #[error("policy failed its smoke decisions: {0}")]
     Smoke(String),
+    /// The verifier (scenario files) refused it.
     #[error("policy failed verification: {0}")]
     Verify(String),
+    /// A rollback with nothing to roll back to.
     #[error("no previous policy to roll back to")]
     NoPrevious,
+    /// The scratch store of the smoke decisions failed.
     #[error(transparent)]
     Store(#[from] StoreError),
 }

@@ -8,6 +8,7 @@ use std::fmt;
 pub struct PolicyDigest(pub [u8; 32]);
 
 impl PolicyDigest {
+    /// The digest of a component's bytes.
     pub fn of(bytes: &[u8]) -> Self {
         PolicyDigest(Sha256::digest(bytes).into())
     }

@@ -10,6 +10,7 @@ use wasmtime::component::{
 };
 use wasmtime::{Engine, Store, StoreLimitsBuilder};
 
+#[allow(missing_docs)]
 mod bindings {
     wasmtime::component::bindgen!({
         path: "../wit",
@@ -57,13 +58,23 @@ pub const POOL_SLOTS: u32 = 256;
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
     #[error("policy is {size} bytes, over the limit of {limit}")]
-    TooBig { size: usize, limit: u64 },
+    /// Over `limits.max_policy_bytes`.
+    TooBig {
+        /// The component's size.
+        size: usize,
+        /// The limit.
+        limit: u64,
+    },
+    /// Not a valid component.
     #[error("not a valid component: {0}")]
     Compile(String),
+    /// A component of another world: a missing or mistyped import or export.
     #[error("component does not satisfy the world tollgate:policy/policy@0.1.0: {0}")]
     World(String),
+    /// Its self-check failed, with its message.
     #[error("policy self-check failed: {0}")]
     SelfCheck(String),
+    /// It faulted while describing or checking itself.
     #[error("policy faulted while being checked: {0}")]
     Fault(PolicyFault),
 }
@@ -123,6 +134,7 @@ pub struct Runtime {
 pub type CallObserver = Arc<dyn Fn(std::time::Duration) + Send + Sync>;
 
 impl Runtime {
+    /// The process's one engine, with the sandbox's limits and a pool of instances.
     pub fn new() -> wasmtime::Result<Self> {
         let mut config = wasmtime::Config::new();
         config.consume_fuel(true);
@@ -230,17 +242,22 @@ impl Runtime {
 }
 
 /// What the engine decides with: a policy behind the WIT interface's shapes. Implemented by
-/// wasm components ([`LoadedPolicy`]) and by native Rust rules ([`crate::native`]), so both
+/// wasm components ([`LoadedPolicy`]) and by native Rust rules (the benchmarks' native build of the standard rules), so both
 /// run through the same host interface.
 pub trait Decider: Send + Sync {
+    /// The SHA-256 of what decides.
     fn digest(&self) -> &PolicyDigest;
+    /// The name and version it gives itself.
     fn info(&self) -> &PolicyInfo;
+    /// Plans or refuses one admission.
     fn admit(&self, view: DecisionView, req: &Request) -> Result<Admission, PolicyFault>;
+    /// Retries or gives up after a failure.
     fn on_failure(
         &self,
         view: DecisionView,
         report: &FailureReport,
     ) -> Result<RetryDecision, PolicyFault>;
+    /// Checks its own parameters; `Err` refuses activation.
     fn self_check(&self, view: DecisionView) -> Result<Result<(), String>, PolicyFault>;
 }
 
@@ -271,7 +288,9 @@ const DECIDE_EXPORT: &str = "tollgate:policy/decide@0.1.0";
 
 /// A compiled, world-checked policy, ready to instantiate cheaply for each decision.
 pub struct LoadedPolicy {
+    /// The SHA-256 of the component.
     pub digest: PolicyDigest,
+    /// The name and version it gave itself.
     pub info: PolicyInfo,
     pre: PolicyPre<HostState>,
     /// The exports called per decision, looked up once: a decision instantiates and
@@ -368,12 +387,14 @@ impl LoadedPolicy {
         })
     }
 
+    /// Plans or refuses one admission, in a fresh instance.
     pub fn admit(&self, view: DecisionView, req: &Request) -> Result<Admission, PolicyFault> {
         let (admission,) =
             self.call_export::<(&Request,), (Admission,)>(view, &self.admit, (req,))?;
         Ok(admission)
     }
 
+    /// Retries or gives up after a failure, in a fresh instance.
     pub fn on_failure(
         &self,
         view: DecisionView,
@@ -387,6 +408,7 @@ impl LoadedPolicy {
         Ok(decision)
     }
 
+    /// Runs the component's self-check, in a fresh instance.
     pub fn self_check(&self, view: DecisionView) -> Result<Result<(), String>, PolicyFault> {
         let verdict = self.call(view, |p, s| p.tollgate_policy_decide().call_self_check(s))?;
         Ok(verdict.map_err(bounded))

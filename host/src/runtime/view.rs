@@ -50,14 +50,23 @@ impl Jitter {
 /// What a policy may read during one decision: a snapshot taken inside the transaction.
 #[derive(Clone, Debug)]
 pub struct DecisionView {
+    /// The decision's time.
     pub now_ms: i64,
+    /// The configuration's `policy_params`.
     pub params: Arc<BTreeMap<String, f64>>,
+    /// The tenant's dispatch weight.
     pub weight: u32,
+    /// The global request bucket.
     pub global_requests: Option<BucketLevel>,
+    /// The tenant's request bucket.
     pub tenant_requests: Option<BucketLevel>,
+    /// The tenant's token bucket.
     pub tenant_tokens: Option<BucketLevel>,
+    /// Global slots.
     pub global_slots: Option<SlotLevel>,
+    /// The tenant's slots, when it has a limit.
     pub tenant_slots: Option<SlotLevel>,
+    /// The decision's deterministic draw.
     pub jitter: Jitter,
 }
 

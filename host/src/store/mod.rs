@@ -20,12 +20,16 @@ pub use sqlite::SqliteStore;
 /// A failure of the store itself (I/O, corruption, a schema from the future).
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
+    /// SQLite failed.
     #[error("database: {0}")]
     Database(#[from] rusqlite::Error),
+    /// PostgreSQL failed.
     #[error("postgres: {0}")]
     Postgres(#[from] ::postgres::Error),
+    /// A stored record could not be read.
     #[error("stored record is unreadable: {0}")]
     Record(#[from] serde_json::Error),
+    /// The schema or the store is not what this version expects.
     #[error("{0}")]
     Schema(String),
 }
@@ -33,7 +37,9 @@ pub enum StoreError {
 /// A queued durable job: metadata only, never a body.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct QueuedJob {
+    /// The job's tenant.
     pub tenant: String,
+    /// The job's key.
     pub key: String,
     /// Tokens to reserve at dispatch.
     pub tokens: u64,
@@ -98,7 +104,9 @@ pub trait Store: Send {
 
 /// A store chosen at run time: a SQLite file (the default) or a `postgres://` URL.
 pub enum AnyStore {
+    /// An embedded SQLite file (or memory).
     Sqlite(SqliteStore),
+    /// A PostgreSQL database shared by replicas.
     Postgres(Box<PgStore>),
 }
 
@@ -152,13 +160,19 @@ impl Store for AnyStore {
 
 /// The reads and writes of one transaction. Missing rows read as absent, never as errors.
 pub trait Tx {
+    /// A bucket's balance, if it was ever written.
     fn bucket(&mut self, name: &str) -> Result<Option<bucket::State>, StoreError>;
+    /// Writes a bucket's balance.
     fn set_bucket(&mut self, name: &str, state: bucket::State) -> Result<(), StoreError>;
 
+    /// Calls in flight in a scope.
     fn slots_in_use(&mut self, scope: &str) -> Result<u32, StoreError>;
+    /// Sets the calls in flight in a scope.
     fn set_slots_in_use(&mut self, scope: &str, in_use: u32) -> Result<(), StoreError>;
 
+    /// An operation by tenant and key.
     fn operation(&mut self, tenant: &str, key: &str) -> Result<Option<Operation>, StoreError>;
+    /// Writes an operation (inserted or replaced).
     fn put_operation(&mut self, op: &Operation) -> Result<(), StoreError>;
     /// Every operation, ordered by tenant and key (for `inspect`).
     fn operations(&mut self) -> Result<Vec<Operation>, StoreError>;
@@ -167,12 +181,14 @@ pub trait Tx {
 
     /// A small named value (downstream availability, scheduler position).
     fn meta(&mut self, name: &str) -> Result<Option<String>, StoreError>;
+    /// Writes a small named value (scheduler position, downstream flag).
     fn set_meta(&mut self, name: &str, value: &str) -> Result<(), StoreError>;
 
     /// Appends a job at the tail of its tenant's queue.
     fn enqueue(&mut self, job: &QueuedJob) -> Result<(), StoreError>;
     /// Removes a job from its tenant's queue (claimed or expired).
     fn dequeue(&mut self, tenant: &str, key: &str) -> Result<(), StoreError>;
+    /// Jobs in a tenant's queue.
     fn queue_depth(&mut self, tenant: &str) -> Result<u32, StoreError>;
     /// The oldest job of `tenant` that may be claimed at `now_ms`.
     fn ready_head(&mut self, tenant: &str, now_ms: i64) -> Result<Option<QueuedJob>, StoreError>;
@@ -182,5 +198,6 @@ pub trait Tx {
     fn infeasible(&mut self, now_ms: i64) -> Result<Vec<QueuedJob>, StoreError>;
     /// A tenant's deficit-round-robin credit, in tokens.
     fn deficit(&mut self, tenant: &str) -> Result<u64, StoreError>;
+    /// Sets a tenant's DRR deficit.
     fn set_deficit(&mut self, tenant: &str, deficit: u64) -> Result<(), StoreError>;
 }

@@ -137,7 +137,7 @@ impl Store for PgStore {
         Ok(result)
     }
 
-    /// Together first, with savepoints only if a job failed (see [`Isolation`]).
+    /// Together first, with savepoints only if a job failed (see `Isolation`).
     fn transaction_many<T>(
         &mut self,
         n: usize,

@@ -177,7 +177,7 @@ impl Store for SqliteStore {
         }
     }
 
-    /// Together first, with savepoints only if a job failed (see [`Isolation`]).
+    /// Together first, with savepoints only if a job failed (see `Isolation`).
     fn transaction_many<T>(
         &mut self,
         n: usize,
