@@ -50,6 +50,10 @@ pub const HOST_CALLS_PER_CALL: u32 = 1_000;
 /// copies every string argument, and a module asking for a 16 MiB name in a loop held one
 /// decision for minutes on the reference machine.
 pub const MAX_PARAM_NAME_BYTES: usize = 256;
+/// How a core wasm module starts (magic and version 1); a component has another version
+/// and layer. A policy author's build makes a core module first.
+const CORE_MODULE_HEADER: &[u8] = b"\0asm\x01\0\0\0";
+
 /// Instances that may be live at once (decisions, self-checks and smoke decisions of
 /// candidates). Past that an instantiation fails, and the decision fails closed.
 pub const POOL_SLOTS: u32 = 256;
@@ -228,6 +232,13 @@ impl Runtime {
             .cloned();
         if let Some(c) = cached {
             return Ok(c);
+        }
+        if bytes.starts_with(CORE_MODULE_HEADER) {
+            return Err(LoadError::Compile(
+                "this is a core wasm module, not a component: make one with \
+                 `wasm-tools component new MODULE.wasm -o POLICY.wasm` (docs/writing-policies.md)"
+                    .into(),
+            ));
         }
         let component = Component::new(&self.engine, bytes)
             .map_err(|e| LoadError::Compile(format!("{e:#}")))?;
@@ -473,6 +484,18 @@ mod tests {
             rt.load(&[0u8; 100], 10),
             Err(LoadError::TooBig { .. })
         ));
+    }
+
+    #[test]
+    fn a_core_module_is_refused_with_how_to_make_a_component() {
+        // The smallest core module: the header alone.
+        let err = Runtime::new()
+            .unwrap()
+            .load(b"\0asm\x01\0\0\0", u64::MAX)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("core wasm module"), "{err}");
+        assert!(err.contains("wasm-tools component new"), "{err}");
     }
 
     #[test]
