@@ -5,7 +5,7 @@ use super::*;
 
 /// The role of the request's bearer key: 401 when missing, unknown, of another scheme, or
 /// given in more than one `Authorization` header.
-pub(super) fn role(s: &AppState, headers: &HeaderMap) -> Result<Role, Refusal> {
+pub(crate) fn role(s: &AppState, headers: &HeaderMap) -> Result<Role, Refusal> {
     // With two headers, a proxy in front might have checked the other key.
     let mut values = headers.get_all(header::AUTHORIZATION).iter();
     let key = match (values.next(), values.next()) {

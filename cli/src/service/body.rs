@@ -5,7 +5,7 @@ use super::*;
 
 /// Reads a body of at most `limit` bytes within [`BODY_TIMEOUT`]; larger bodies are cut off
 /// (what the client is still sending is drained by [`linger`]).
-pub(super) async fn read_body(
+pub(crate) async fn read_body(
     headers: &HeaderMap,
     body: Body,
     limit: u64,

@@ -4,8 +4,8 @@
 //! restarts that hold it.
 
 use prometheus::{
-    Encoder, GaugeVec, Histogram, HistogramOpts, IntCounterVec, IntGauge, Opts, Registry,
-    TextEncoder,
+    Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts,
+    Registry, TextEncoder,
 };
 
 /// The service's metrics, registered in a registry of their own.
@@ -27,6 +27,14 @@ pub struct Metrics {
     pub batch_seconds: Histogram,
     /// How long each WAL restart held the writer (SQLite).
     pub wal_restart_seconds: Histogram,
+    /// Gateway calls by tenant, model and outcome.
+    pub gateway_calls: IntCounterVec,
+    /// Upstream time per attempt, to the whole answer (plain) or its last event (stream).
+    pub gateway_upstream_seconds: HistogramVec,
+    /// Upstream time to the first event of a stream.
+    pub gateway_ttft_seconds: HistogramVec,
+    /// Tokens the providers reported, by tenant, model and direction (`in`, `out`).
+    pub gateway_tokens: IntCounterVec,
 }
 
 impl Metrics {
@@ -91,8 +99,37 @@ impl Metrics {
             "How long each WAL restart held the writer (SQLite)",
             &[0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1],
         );
+        let gateway_calls = counters(
+            "tollgate_gateway_calls_total",
+            "Gateway calls by tenant, model and outcome",
+            &["tenant", "model", "outcome"],
+        );
+        let latency = [
+            0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+        ];
+        let gateway_upstream_seconds = histograms(
+            "tollgate_gateway_upstream_seconds",
+            "Upstream time per attempt, to the end of the answer",
+            &["model"],
+            &latency,
+        );
+        let gateway_ttft_seconds = histograms(
+            "tollgate_gateway_ttft_seconds",
+            "Upstream time to the first event of a stream",
+            &["model"],
+            &latency,
+        );
+        let gateway_tokens = counters(
+            "tollgate_gateway_tokens_total",
+            "Tokens the providers reported, by tenant, model and direction",
+            &["tenant", "model", "direction"],
+        );
         for c in [
             Box::new(decisions.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(gateway_calls.clone()),
+            Box::new(gateway_upstream_seconds.clone()),
+            Box::new(gateway_ttft_seconds.clone()),
+            Box::new(gateway_tokens.clone()),
             Box::new(responses.clone()),
             Box::new(connections.clone()),
             Box::new(policy.clone()),
@@ -119,6 +156,10 @@ impl Metrics {
             batch_jobs,
             batch_seconds,
             wal_restart_seconds,
+            gateway_calls,
+            gateway_upstream_seconds,
+            gateway_ttft_seconds,
+            gateway_tokens,
         }
     }
 
@@ -143,6 +184,14 @@ fn gauges(name: &str, help: &str, labels: &[&str]) -> GaugeVec {
 fn histogram(name: &str, help: &str, buckets: &[f64]) -> Histogram {
     Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets.to_vec()))
         .expect("a valid histogram")
+}
+
+fn histograms(name: &str, help: &str, labels: &[&str], buckets: &[f64]) -> HistogramVec {
+    HistogramVec::new(
+        HistogramOpts::new(name, help).buckets(buckets.to_vec()),
+        labels,
+    )
+    .expect("a valid histogram")
 }
 
 impl Default for Metrics {

@@ -27,7 +27,9 @@ pub use tollgate::config::{ConfigFile, Role};
 pub use writer::{Writer, WRITER_THREAD};
 
 use admin::*;
+pub(crate) use auth::role;
 use auth::*;
+pub(crate) use body::read_body;
 use body::*;
 use operations::*;
 use refusal::*;
@@ -82,6 +84,8 @@ impl Clock {
 
 /// What every handler shares.
 pub struct AppState {
+    /// The OpenAI-compatible gateway, when the configuration has one.
+    pub gateway: Option<crate::gateway::Gateway>,
     pub engine: Arc<Engine<AnyStore>>,
     pub writer: Writer,
     pub keys: std::collections::HashMap<String, Role>,
@@ -104,11 +108,17 @@ pub struct AppState {
 /// admissions. Scrapers ask every few seconds; a second behind costs them nothing.
 pub const METRICS_FRESH_FOR: Duration = Duration::from_secs(1);
 
-type Shared = Arc<AppState>;
+/// The state every handler shares.
+pub type Shared = Arc<AppState>;
 
 /// The router of every endpoint.
 pub fn router(state: Shared) -> Router {
-    Router::new()
+    let routes = Router::new();
+    let routes = match state.gateway {
+        Some(_) => crate::gateway::routes(routes),
+        None => routes,
+    };
+    routes
         .route("/v1/admit", post(admit))
         .route("/v1/operations/{key}/complete", post(complete))
         .route("/v1/operations/{key}/reconcile", post(reconcile))

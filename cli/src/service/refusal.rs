@@ -4,9 +4,9 @@
 use super::*;
 
 /// The service's error answers: `{"outcome": "rejected", "reason": word}`.
-pub(super) struct Refusal {
-    pub(super) status: StatusCode,
-    pub(super) reason: &'static str,
+pub(crate) struct Refusal {
+    pub(crate) status: StatusCode,
+    pub(crate) reason: &'static str,
     pub(super) retry_after_ms: Option<u64>,
 }
 

@@ -34,6 +34,7 @@ pub fn build_with(
     let mut runtime = Runtime::new().map_err(|e| format!("starting wasmtime: {e:#}"))?;
     let histogram = metrics.policy_calls.clone();
     runtime.set_call_observer(Arc::new(move |d| histogram.observe(d.as_secs_f64())));
+    let gateway = crate::gateway::Gateway::from_config(&config)?;
     let bytes = builtin::resolve(&config.policy, None)?;
     let policy: LoadedPolicy = runtime
         .load(&bytes, config.engine.max_policy_bytes)
@@ -46,6 +47,7 @@ pub fn build_with(
         .map_err(|e| format!("policy {}: {e}", config.policy))?;
     let (writer, handle) = Writer::start(engine.clone(), metrics.clone(), config.max_connections);
     let state = Arc::new(AppState {
+        gateway,
         engine,
         writer,
         keys: config.keys,

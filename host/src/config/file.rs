@@ -60,6 +60,8 @@ pub struct ConfigFile {
     pub policy: String,
     /// Connections served at once (`limits.max_connections`).
     pub max_connections: usize,
+    /// The OpenAI-compatible gateway, when configured.
+    pub gateway: Option<super::GatewayConfig>,
 }
 
 /// `limits.max_connections` when the configuration leaves it out: under the common default
@@ -95,6 +97,10 @@ impl ConfigFile {
             }
         };
         let max_connections = take_max_connections(&mut obj)?;
+        let gateway = match obj.remove("gateway") {
+            Some(g) => Some(super::GatewayConfig::from_json(g)?),
+            None => None,
+        };
         let engine =
             Config::from_json(&serde_json::Value::Object(obj)).map_err(|e| e.to_string())?;
         let mut keys = HashMap::new();
@@ -133,6 +139,7 @@ impl ConfigFile {
             keys,
             policy,
             max_connections,
+            gateway,
         })
     }
 }

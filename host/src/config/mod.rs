@@ -5,7 +5,9 @@
 //! limits.
 
 mod file;
+mod gateway;
 pub use file::{ConfigFile, Role, DEFAULT_MAX_CONNECTIONS};
+pub use gateway::{GatewayConfig, GatewayModel, Upstream, TOKENIZERS};
 
 use crate::bucket::Limits;
 use crate::model::names;

@@ -56,6 +56,13 @@ pub enum Job {
         /// The time buckets are read at.
         now_ms: i64,
     },
+    /// One tenant's request and token buckets (for rate-limit headers).
+    TenantLevels {
+        /// The tenant.
+        tenant: String,
+        /// The time buckets are read at.
+        now_ms: i64,
+    },
     /// As `Inspect`, without the list of operations (for metrics).
     Levels {
         /// The time buckets are read at.
@@ -74,6 +81,8 @@ pub enum Answer {
     Dispatch(DispatchAnswer),
     /// The answer to `SetDownstream`.
     Done,
+    /// The answer to `TenantLevels` (`None`: no such tenant).
+    TenantLevels(Option<super::TenantLevels>),
     /// The answer to `Operation`.
     Operation(Option<OperationView>),
     /// The answer to `Inspect` and `Levels`.
@@ -87,7 +96,7 @@ impl Job {
             Job::Admit { request, .. } => Some(&request.tenant),
             Job::Complete { completion, .. } => Some(&completion.tenant),
             Job::Reconcile { reconciliation, .. } => Some(&reconciliation.tenant),
-            Job::Operation { tenant, .. } => Some(tenant),
+            Job::Operation { tenant, .. } | Job::TenantLevels { tenant, .. } => Some(tenant),
             Job::Dispatch { .. }
             | Job::SetDownstream { .. }
             | Job::Inspect { .. }
@@ -103,6 +112,7 @@ impl Job {
             | Job::Reconcile { now_ms, .. }
             | Job::Dispatch { now_ms, .. }
             | Job::Inspect { now_ms }
+            | Job::TenantLevels { now_ms, .. }
             | Job::Levels { now_ms } => *now_ms = now,
             Job::SetDownstream { .. } | Job::Operation { .. } => {}
         }
@@ -146,6 +156,9 @@ impl<S: Store> Engine<S> {
                 Job::SetDownstream { available } => {
                     tx.set_meta(DOWNSTREAM, if *available { "1" } else { "0" })?;
                     Answer::Done
+                }
+                Job::TenantLevels { tenant, now_ms } => {
+                    Answer::TenantLevels(self.tenant_levels_in(tx, tenant, *now_ms)?)
                 }
                 Job::Operation { tenant, key } => {
                     Answer::Operation(tx.operation(tenant, key)?.as_ref().map(OperationView::of))

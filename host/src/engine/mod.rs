@@ -67,6 +67,15 @@ pub struct Inspection {
     pub policy: PolicyIdentity,
 }
 
+/// A tenant's request and token buckets, as rate-limit headers show them.
+#[derive(Clone, Copy, Debug)]
+pub struct TenantLevels {
+    /// The tenant's request bucket.
+    pub requests: crate::runtime::BucketLevel,
+    /// The tenant's token bucket.
+    pub tokens: crate::runtime::BucketLevel,
+}
+
 /// One operation as `inspect` and `tollgate ops` show it.
 #[derive(Clone, Debug, Serialize)]
 pub struct OperationView {
@@ -201,6 +210,22 @@ impl<S: Store> Engine<S> {
             downstream_available,
             policy,
         })
+    }
+
+    /// A tenant's request and token buckets now; `None` when the tenant is not configured.
+    pub(super) fn tenant_levels_in(
+        &self,
+        tx: &mut dyn Tx,
+        tenant: &str,
+        now_ms: i64,
+    ) -> Result<Option<TenantLevels>, StoreError> {
+        let Some(t) = self.config.tenant(tenant) else {
+            return Ok(None);
+        };
+        Ok(Some(TenantLevels {
+            requests: Budgets::tenant_requests(tenant, t).bucket_level(tx, now_ms)?,
+            tokens: Budgets::tenant_tokens(tenant, t).bucket_level(tx, now_ms)?,
+        }))
     }
 
     /// One operation of one tenant, if it exists.

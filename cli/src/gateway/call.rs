@@ -1,0 +1,427 @@
+//! One gateway call from admission to completion: admit, send upstream, complete with the
+//! provider's usage, and retry here (same key, next attempt) when the provider refused
+//! before doing the work and the policy allows it. Only the final result reaches the
+//! caller.
+
+use super::openai;
+use super::sse::{self, Splitter};
+use super::upstream::{self, Sent};
+use super::{ChatCall, ModelRoute, MAX_ANSWER_BYTES};
+use crate::service::{AppState, Shared};
+use axum::body::{Body, Bytes};
+use axum::http::{header, HeaderValue, Request, StatusCode};
+use axum::response::Response;
+use http_body_util::{BodyExt, Full};
+use serde_json::{json, Value};
+use std::time::Instant;
+use tollgate::engine::{Answer, Completion, Decision, Job, TenantLevels};
+use tollgate::model::{CallResult, Usage};
+use tollgate::reason::Outcome;
+
+/// Runs the call to its end and answers the caller.
+pub async fn run(s: Shared, call: ChatCall) -> Response {
+    let g = s.gateway.as_ref().expect("a gateway");
+    let route = &g.models[&call.model];
+    let mut attempts = 0;
+    loop {
+        let decision = match admit(&s, &call).await {
+            Ok(d) => d,
+            Err(e) => return axum::response::IntoResponse::into_response(e),
+        };
+        let levels = levels(&s, &call.tenant).await;
+        if decision.outcome != Outcome::Accepted {
+            count(&s, &call, "refused");
+            return refusal(&decision, levels.as_ref());
+        }
+        attempts += 1;
+        let attempt = decision.attempt.unwrap_or(1);
+        tracing::info!(tenant = %call.tenant, key = %call.key, attempt, model = %call.model, "gateway call");
+        let request = upstream_request(route, &call, &decision);
+        let deadline = deadline_instant(&s, call.deadline_ms);
+        let started = Instant::now();
+        match upstream::send(&g.client, request, deadline).await {
+            Sent::Answer(response) if call.stream => {
+                return stream(
+                    s.clone(),
+                    call,
+                    decision,
+                    levels,
+                    response,
+                    started,
+                    deadline,
+                );
+            }
+            Sent::Answer(response) => {
+                let read = tokio::time::timeout_at(
+                    deadline,
+                    upstream::read_all(response.into_body(), MAX_ANSWER_BYTES),
+                )
+                .await;
+                observe(&s, &call, "upstream", started);
+                let body = match read {
+                    Ok(Ok(body)) => body,
+                    Ok(Err(e)) => return lost(&s, &call, attempt, &e, levels.as_ref()).await,
+                    Err(_) => return lost(&s, &call, attempt, "deadline", levels.as_ref()).await,
+                };
+                let usage = serde_json::from_slice::<Value>(&body)
+                    .ok()
+                    .and_then(|v| sse::usage_of(&v));
+                finish(&s, &call, CallResult::Succeeded, usage, None, None).await;
+                count(&s, &call, "succeeded");
+                let mut response = Response::new(Body::from(body));
+                response.headers_mut().insert(
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static("application/json"),
+                );
+                decorate(&mut response, levels.as_ref(), &decision);
+                return response;
+            }
+            Sent::Refused {
+                refusal,
+                status,
+                body,
+            } => {
+                observe(&s, &call, "upstream", started);
+                tracing::info!(tenant = %call.tenant, key = %call.key, attempt, kind = refusal.kind, status = status.as_u16(), "upstream refused");
+                let verdict = finish(
+                    &s,
+                    &call,
+                    CallResult::Failed,
+                    None,
+                    Some(refusal.kind),
+                    refusal.retry_after_ms,
+                )
+                .await;
+                let retry_at =
+                    verdict.and_then(|v| v.eligible.then_some(v.not_before_ms).flatten());
+                if let (Some(at), true) = (retry_at, attempts < g.max_attempts) {
+                    if at < call.deadline_ms {
+                        let wait = (at - s.clock.now_ms()).max(0) as u64;
+                        tokio::time::sleep(std::time::Duration::from_millis(wait)).await;
+                        continue;
+                    }
+                }
+                count(&s, &call, "failed");
+                return passed_on(status, body, levels.as_ref());
+            }
+            Sent::Lost(why) => return lost(&s, &call, attempt, &why, levels.as_ref()).await,
+        }
+    }
+}
+
+async fn admit(s: &AppState, call: &ChatCall) -> Result<Decision, openai::ApiError> {
+    let job = Job::Admit {
+        request: call.request.clone(),
+        now_ms: s.clock.now_ms(),
+    };
+    match s.writer.submit(job).await {
+        Ok(Answer::Decision(d)) => {
+            let reason = d.reason.map_or("", |r| r.as_str());
+            s.metrics
+                .decisions
+                .with_label_values(&[d.outcome.as_str(), reason])
+                .inc();
+            Ok(d)
+        }
+        Ok(_) => Err(openai::ApiError::new(500, "internal", "unexpected answer")),
+        Err(e) => {
+            tracing::error!(error = %e, "store failure");
+            Err(openai::ApiError::new(500, "internal", "store failure"))
+        }
+    }
+}
+
+async fn levels(s: &AppState, tenant: &str) -> Option<TenantLevels> {
+    let job = Job::TenantLevels {
+        tenant: tenant.to_string(),
+        now_ms: s.clock.now_ms(),
+    };
+    match s.writer.submit(job).await {
+        Ok(Answer::TenantLevels(l)) => l,
+        _ => None,
+    }
+}
+
+/// Reports how the attempt ended; the retry verdict after a failure.
+async fn finish(
+    s: &AppState,
+    call: &ChatCall,
+    result: CallResult,
+    usage: Option<Usage>,
+    failure: Option<&str>,
+    provider_retry_after_ms: Option<u64>,
+) -> Option<tollgate::model::RetryVerdict> {
+    if let Some(u) = usage {
+        let tokens = &s.metrics.gateway_tokens;
+        tokens
+            .with_label_values(&[&call.tenant, &call.model, "in"])
+            .inc_by(u.input_tokens);
+        tokens
+            .with_label_values(&[&call.tenant, &call.model, "out"])
+            .inc_by(u.output_tokens);
+    }
+    let job = Job::Complete {
+        completion: Completion {
+            result,
+            usage,
+            failure: failure.map(str::to_string),
+            provider_retry_after_ms,
+            ..Completion::succeeded(&call.tenant, &call.key)
+        },
+        now_ms: s.clock.now_ms(),
+    };
+    match s.writer.submit(job).await {
+        Ok(Answer::Completion(a)) => {
+            if !a.ok {
+                tracing::warn!(tenant = %call.tenant, key = %call.key, error = ?a.error, "completion not applied");
+            }
+            a.retry
+        }
+        other => {
+            tracing::error!(tenant = %call.tenant, key = %call.key, answer = ?other.err(), "completion failed");
+            None
+        }
+    }
+}
+
+/// The request sent upstream: the caller's body with the upstream's model name, the
+/// plan's output limit, and the usage chunk asked for on streams; the upstream's key.
+fn upstream_request(
+    route: &ModelRoute,
+    call: &ChatCall,
+    decision: &Decision,
+) -> Request<Full<Bytes>> {
+    let mut body = call.body.clone();
+    if let Some(m) = &route.upstream_model {
+        body.insert("model".into(), json!(m));
+    }
+    let planned = decision
+        .max_output_tokens
+        .unwrap_or(call.request.max_output_tokens);
+    body.insert(call.limit_field.into(), json!(planned));
+    if call.stream {
+        let options = body.entry("stream_options").or_insert_with(|| json!({}));
+        if let Value::Object(o) = options {
+            o.insert("include_usage".into(), json!(true));
+        } else {
+            *options = json!({"include_usage": true});
+        }
+    }
+    let mut request = Request::post(&route.url)
+        .header(header::CONTENT_TYPE, "application/json")
+        .header(
+            header::ACCEPT,
+            if call.stream {
+                "text/event-stream"
+            } else {
+                "application/json"
+            },
+        );
+    if let Some(k) = &route.api_key {
+        request = request.header(header::AUTHORIZATION, format!("Bearer {k}"));
+    }
+    request
+        .body(Full::new(Bytes::from(Value::Object(body).to_string())))
+        .expect("a valid request")
+}
+
+fn deadline_instant(s: &AppState, deadline_ms: i64) -> tokio::time::Instant {
+    let left = (deadline_ms - s.clock.now_ms()).max(0) as u64;
+    tokio::time::Instant::now() + std::time::Duration::from_millis(left)
+}
+
+/// The outcome is unknown: recorded so (the slot stays held), answered 502.
+async fn lost(
+    s: &AppState,
+    call: &ChatCall,
+    attempt: u32,
+    why: &str,
+    levels: Option<&TenantLevels>,
+) -> Response {
+    tracing::warn!(tenant = %call.tenant, key = %call.key, attempt, why, "upstream outcome unknown");
+    finish(s, call, CallResult::Unknown, None, None, None).await;
+    count(s, call, "unknown");
+    let mut response = openai::error(
+        502,
+        "unknown_outcome",
+        "the upstream call may have happened, and its answer was lost; it is not retried",
+    );
+    if let Some(l) = levels {
+        openai::rate_limit_headers(response.headers_mut(), l);
+    }
+    openai::should_retry(response.headers_mut(), false);
+    response
+}
+
+/// tollgate's own refusal in OpenAI's shape.
+fn refusal(d: &Decision, levels: Option<&TenantLevels>) -> Response {
+    let (code, message) = match d.outcome {
+        Outcome::DuplicateActive => (
+            "duplicate_active",
+            "a call with this Idempotency-Key is in progress",
+        ),
+        Outcome::DuplicateCompleted => (
+            "duplicate_completed",
+            "a call with this Idempotency-Key has ended; its answer is not stored for replay",
+        ),
+        Outcome::Conflict => (
+            "conflict",
+            "this Idempotency-Key was used for another request",
+        ),
+        _ => (
+            d.reason.map_or("rejected", |r| r.as_str()),
+            "refused by tollgate",
+        ),
+    };
+    let status = match d.outcome {
+        Outcome::DuplicateCompleted => 409,
+        _ => d.http,
+    };
+    let mut response = openai::error(status, code, message);
+    let headers = response.headers_mut();
+    if let Some(l) = levels {
+        openai::rate_limit_headers(headers, l);
+    }
+    if let Some(r) = d.reason {
+        if let Ok(v) = HeaderValue::from_str(r.as_str()) {
+            headers.insert("x-tollgate-reason", v);
+        }
+    }
+    match d.retry_after_ms {
+        // Waiting cures it: the SDK's own loop may wait and retry.
+        Some(ms) => openai::retry_after_headers(headers, ms),
+        None => openai::should_retry(headers, false),
+    }
+    response
+}
+
+/// The provider's final refusal, passed on: the gateway has done the retrying.
+fn passed_on(status: StatusCode, body: Bytes, levels: Option<&TenantLevels>) -> Response {
+    let mut response = if body.is_empty() {
+        openai::error(
+            status.as_u16(),
+            "upstream_error",
+            "the upstream refused the call",
+        )
+    } else {
+        let mut r = Response::new(Body::from(body));
+        *r.status_mut() = status;
+        r.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        r
+    };
+    if let Some(l) = levels {
+        openai::rate_limit_headers(response.headers_mut(), l);
+    }
+    openai::should_retry(response.headers_mut(), false);
+    response
+}
+
+/// Rate-limit headers and the degraded mark on a successful answer.
+fn decorate(response: &mut Response, levels: Option<&TenantLevels>, decision: &Decision) {
+    if let Some(l) = levels {
+        openai::rate_limit_headers(response.headers_mut(), l);
+    }
+    if decision.degraded == Some(true) {
+        response
+            .headers_mut()
+            .insert("x-tollgate-degraded", HeaderValue::from_static("true"));
+    }
+}
+
+fn count(s: &AppState, call: &ChatCall, outcome: &str) {
+    s.metrics
+        .gateway_calls
+        .with_label_values(&[&call.tenant, &call.model, outcome])
+        .inc();
+}
+
+fn observe(s: &AppState, call: &ChatCall, what: &str, started: Instant) {
+    let h = match what {
+        "ttft" => &s.metrics.gateway_ttft_seconds,
+        _ => &s.metrics.gateway_upstream_seconds,
+    };
+    h.with_label_values(&[&call.model])
+        .observe(started.elapsed().as_secs_f64());
+}
+
+/// Passes a stream on event by event, reading it to its end even if the caller leaves,
+/// and completes the operation with the usage of its last chunk.
+fn stream(
+    s: Shared,
+    call: ChatCall,
+    decision: Decision,
+    levels: Option<TenantLevels>,
+    upstream: axum::http::Response<hyper::body::Incoming>,
+    started: Instant,
+    deadline: tokio::time::Instant,
+) -> Response {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(64);
+    let attempt = decision.attempt.unwrap_or(1);
+    tokio::spawn(async move {
+        let mut body = upstream.into_body();
+        let mut splitter = Splitter::default();
+        let (mut usage, mut done, mut first) = (None, false, true);
+        let mut caller_here = true;
+        let failure: Option<String> = loop {
+            let frame = match tokio::time::timeout_at(deadline, body.frame()).await {
+                Err(_) => break Some("deadline".into()),
+                Ok(None) => break None,
+                Ok(Some(Err(e))) => break Some(format!("connection lost: {e}")),
+                Ok(Some(Ok(frame))) => frame,
+            };
+            let Ok(data) = frame.into_data() else {
+                continue;
+            };
+            let events = match splitter.push(&data) {
+                Ok(events) => events,
+                Err(e) => break Some(e),
+            };
+            for event in events {
+                if first {
+                    first = false;
+                    observe(&s, &call, "ttft", started);
+                }
+                done |= event.done;
+                if event.usage.is_some() {
+                    usage = event.usage;
+                }
+                let pass = !event.usage_only || call.caller_wants_usage;
+                if pass && caller_here && tx.send(Ok(Bytes::from(event.raw))).await.is_err() {
+                    // The caller left; the answer is still read to learn its usage.
+                    caller_here = false;
+                }
+            }
+        };
+        observe(&s, &call, "upstream", started);
+        match failure {
+            None if done || usage.is_some() => {
+                finish(&s, &call, CallResult::Succeeded, usage, None, None).await;
+                count(&s, &call, "succeeded");
+            }
+            failure => {
+                let why = failure.unwrap_or_else(|| "the stream ended without [DONE]".into());
+                tracing::warn!(tenant = %call.tenant, key = %call.key, attempt, why, "upstream stream cut off: outcome unknown");
+                finish(&s, &call, CallResult::Unknown, None, None, None).await;
+                count(&s, &call, "unknown");
+                let error = json!({"error": {"message": "the upstream stream was cut off; the outcome is unknown and the call is not retried",
+                                             "type": "api_error", "code": "unknown_outcome"}});
+                let _ = tx.send(Ok(Bytes::from(format!("data: {error}\n\n")))).await;
+            }
+        }
+    });
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    });
+    let mut response = Response::new(Body::from_stream(stream));
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    decorate(&mut response, levels.as_ref(), &decision);
+    response
+}

@@ -1,0 +1,306 @@
+//! Gateway mode: `POST /v1/chat/completions` and `GET /v1/models` in OpenAI's shape, so
+//! that an OpenAI SDK pointed at tollgate gets its limits applied (`docs/gateway.md`).
+//!
+//! A call is admitted by the engine before anything goes upstream (the prompt counted with
+//! the model's tokenizer), sent to the model's upstream with the upstream's key (never the
+//! caller's), and completed with the usage the provider reports. Refusals before any answer
+//! are retried here, once per policy verdict; an answer cut off leaves the operation
+//! `unknown`, its slot held, never retried.
+
+mod call;
+mod openai;
+mod sse;
+mod tokens;
+mod upstream;
+
+use crate::service::{AppState, Shared};
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use serde_json::{json, Map, Value};
+use std::collections::BTreeMap;
+use tollgate::config::{ConfigFile, GatewayConfig, Role};
+
+use openai::ApiError;
+pub use upstream::HttpClient;
+
+/// What the gateway knows of one model.
+struct ModelRoute {
+    /// The upstream's chat completions URL.
+    url: String,
+    /// The upstream's key, read from its environment variable at start.
+    api_key: Option<String>,
+    /// The model's name upstream.
+    upstream_model: Option<String>,
+    counter: tokens::Counter,
+    default_max_output_tokens: u64,
+}
+
+/// The gateway's state, built once at start.
+pub struct Gateway {
+    models: BTreeMap<String, ModelRoute>,
+    client: HttpClient,
+    default_timeout_ms: u64,
+    max_attempts: u32,
+}
+
+/// Longest `x-tollgate-timeout-ms` a caller may ask for: one day.
+const MAX_TIMEOUT_MS: u64 = 86_400_000;
+/// Largest answer read whole from an upstream (a plain, non-streamed answer).
+const MAX_ANSWER_BYTES: usize = 64 << 20;
+
+impl Gateway {
+    /// The gateway of `config`, when it has a `gateway` section. Reads the upstreams'
+    /// keys from the environment: a variable named but not set is an error at start.
+    pub fn from_config(config: &ConfigFile) -> Result<Option<Gateway>, String> {
+        let Some(g) = &config.gateway else {
+            return Ok(None);
+        };
+        Gateway::new(g).map(Some)
+    }
+
+    fn new(g: &GatewayConfig) -> Result<Gateway, String> {
+        let mut keys = BTreeMap::new();
+        for (name, u) in &g.upstreams {
+            let key = match &u.api_key_env {
+                Some(var) => Some(std::env::var(var).map_err(|_| {
+                    format!("gateway.upstreams.{name}.api_key_env: {var} is not set")
+                })?),
+                None => None,
+            };
+            keys.insert(name.clone(), key);
+        }
+        let models = g
+            .models
+            .iter()
+            .map(|(name, m)| {
+                let upstream = &g.upstreams[&m.upstream];
+                let route = ModelRoute {
+                    url: format!(
+                        "{}/chat/completions",
+                        upstream.base_url.trim_end_matches('/')
+                    ),
+                    api_key: keys[&m.upstream].clone(),
+                    upstream_model: m.upstream_model.clone(),
+                    counter: tokens::Counter::new(
+                        m.tokenizer.as_deref(),
+                        m.estimate_bytes_per_token,
+                    ),
+                    default_max_output_tokens: m.default_max_output_tokens,
+                };
+                (name.clone(), route)
+            })
+            .collect();
+        Ok(Gateway {
+            models,
+            client: upstream::client(),
+            default_timeout_ms: g.default_timeout_ms,
+            max_attempts: g.max_attempts,
+        })
+    }
+}
+
+/// The gateway's routes, added to the service's router when it is configured.
+pub fn routes(router: Router<Shared>) -> Router<Shared> {
+    router
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/models", get(models))
+}
+
+/// The caller's tenant, or an OpenAI-shaped 401/403.
+fn caller(s: &AppState, headers: &HeaderMap) -> Result<String, ApiError> {
+    match crate::service::role(s, headers) {
+        Ok(Role::Caller { tenant }) => Ok(tenant),
+        Ok(_) => Err(ApiError::new(
+            403,
+            "forbidden",
+            "this key is not a caller's key",
+        )),
+        Err(_) => Err(ApiError::new(
+            401,
+            "invalid_api_key",
+            "a caller key is required: Authorization: Bearer <key>",
+        )),
+    }
+}
+
+async fn models(State(s): State<Shared>, headers: HeaderMap) -> Response {
+    if let Err(e) = caller(&s, &headers) {
+        return e.into_response();
+    }
+    let Some(g) = &s.gateway else {
+        return openai::error(404, "not_found", "no gateway is configured");
+    };
+    let data: Vec<Value> = g
+        .models
+        .keys()
+        .map(|id| json!({"id": id, "object": "model", "created": 0, "owned_by": "tollgate"}))
+        .collect();
+    axum::Json(json!({"object": "list", "data": data})).into_response()
+}
+
+/// One chat completion, as the caller asked for it.
+pub(crate) struct ChatCall {
+    tenant: String,
+    model: String,
+    key: String,
+    deadline_ms: i64,
+    /// The caller's body, to be sent upstream (with the plan's limit and the upstream's
+    /// model name written in).
+    body: Map<String, Value>,
+    /// Which field carries the output limit upstream.
+    limit_field: &'static str,
+    stream: bool,
+    /// Whether the caller asked for the usage chunk of a stream.
+    caller_wants_usage: bool,
+    request: tollgate::model::Request,
+}
+
+async fn chat_completions(State(s): State<Shared>, headers: HeaderMap, body: Body) -> Response {
+    let tenant = match caller(&s, &headers) {
+        Ok(t) => t,
+        Err(e) => return e.into_response(),
+    };
+    let call = match read_call(&s, &headers, body, tenant).await {
+        Ok(c) => c,
+        Err(e) => return e.into_response(),
+    };
+    // The call goes on if the caller goes away: its outcome must be learnt and recorded.
+    match tokio::spawn(call::run(s.clone(), call)).await {
+        Ok(response) => response,
+        Err(_) => openai::error(500, "internal", "the call's task failed"),
+    }
+}
+
+/// Reads and checks the caller's request, counts its prompt, and makes the admission
+/// request of it.
+async fn read_call(
+    s: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+    tenant: String,
+) -> Result<ChatCall, ApiError> {
+    let g = s
+        .gateway
+        .as_ref()
+        .expect("gateway routes exist only with a gateway");
+    let limit = s.engine.config().max_request_bytes;
+    let bytes: Bytes = crate::service::read_body(headers, body, limit)
+        .await
+        .map_err(|r| ApiError::new(r.status.as_u16(), r.reason, "the request body was refused"))?;
+    let invalid = |message: &str| ApiError::new(400, "invalid_request", message);
+    let body: Map<String, Value> = match serde_json::from_slice(&bytes) {
+        Ok(Value::Object(o)) => o,
+        _ => return Err(invalid("the body must be a JSON object")),
+    };
+    let model = match body.get("model") {
+        Some(Value::String(m)) => m.clone(),
+        _ => return Err(invalid("`model` must be a string")),
+    };
+    let Some(route) = g.models.get(&model) else {
+        return Err(ApiError::new(
+            404,
+            "model_not_found",
+            format!("the model `{model}` does not exist or is not served here"),
+        ));
+    };
+    let messages = match body.get("messages") {
+        Some(Value::Array(m)) if !m.is_empty() => m,
+        _ => return Err(invalid("`messages` must be a non-empty array")),
+    };
+    let positive = |name: &str| match body.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => match v.as_u64() {
+            Some(n) if n >= 1 => Ok(Some(n)),
+            _ => Err(invalid(&format!("`{name}` must be a positive integer"))),
+        },
+    };
+    let (limit_field, max_output) =
+        match (positive("max_completion_tokens")?, positive("max_tokens")?) {
+            (Some(n), _) => ("max_completion_tokens", n),
+            (None, Some(n)) => ("max_tokens", n),
+            (None, None) => ("max_completion_tokens", route.default_max_output_tokens),
+        };
+    let stream = match body.get("stream") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(invalid("`stream` must be a boolean")),
+    };
+    let caller_wants_usage = body
+        .get("stream_options")
+        .and_then(|o| o.get("include_usage"))
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    let key = match headers.get("idempotency-key") {
+        None => fresh_key(),
+        Some(v) => match v.to_str() {
+            Ok(k) if (1..=tollgate::validate::MAX_KEY_CHARS).contains(&k.chars().count()) => {
+                k.to_string()
+            }
+            _ => return Err(invalid("Idempotency-Key must be 1 to 255 characters")),
+        },
+    };
+    let timeout_ms = match headers.get("x-tollgate-timeout-ms") {
+        None => g.default_timeout_ms,
+        Some(v) => match v.to_str().ok().and_then(|t| t.trim().parse::<u64>().ok()) {
+            Some(ms @ 1..=MAX_TIMEOUT_MS) => ms,
+            _ => {
+                return Err(invalid(
+                    "x-tollgate-timeout-ms must be 1 to 86400000 milliseconds",
+                ))
+            }
+        },
+    };
+    let deadline_ms = s.clock.now_ms() + timeout_ms as i64;
+    let input_tokens = route.counter.prompt(messages, body.get("tools")).max(1);
+    let admission = json!({
+        "tenant": tenant, "key": key, "route": "interactive",
+        "input_tokens": input_tokens, "max_output_tokens": max_output,
+        "deadline_ms": deadline_ms, "size_bytes": bytes.len(),
+        // The same key with another body is a conflict; with the same body, the same call.
+        "fingerprint": format!("gateway:{}", sha256_hex(&bytes)),
+    });
+    let request = tollgate::validate::request(&admission, s.engine.config()).map_err(|reason| {
+        ApiError::new(
+            reason.http(),
+            reason.as_str(),
+            "the request cannot be admitted",
+        )
+    })?;
+    Ok(ChatCall {
+        tenant,
+        model,
+        key,
+        deadline_ms,
+        body,
+        limit_field,
+        stream,
+        caller_wants_usage,
+        request,
+    })
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    tollgate::runtime::hex(&Sha256::digest(bytes))
+}
+
+/// An operation key for a call that brought none: unique in this process and across
+/// restarts (the start time is in it).
+fn fresh_key() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::OnceLock;
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    static START: OnceLock<String> = OnceLock::new();
+    let start = START.get_or_init(|| {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        sha256_hex(format!("{nanos}:{}", std::process::id()).as_bytes())[..16].to_string()
+    });
+    format!("gw-{start}-{}", NEXT.fetch_add(1, Ordering::Relaxed))
+}

@@ -1,0 +1,54 @@
+//! The gateway with the official OpenAI Python SDK as the client (tests/gateway/), in front
+//! of an OpenAI-compatible stub upstream that answers, streams, refuses, stalls and drops
+//! connections as a real provider does. The SDK is installed into a virtual environment
+//! under `target/` the first time (from PyPI, pinned in tests/gateway/requirements.txt).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// The virtual environment's Python, with the pinned SDK installed.
+fn python() -> PathBuf {
+    let venv = repo().join("target/gateway-venv");
+    let python = venv.join("bin/python");
+    let requirements = repo().join("tests/gateway/requirements.txt");
+    let stamp = venv.join("requirements.txt");
+    let wanted = std::fs::read_to_string(&requirements).unwrap();
+    if std::fs::read_to_string(&stamp).ok().as_deref() == Some(wanted.as_str()) {
+        return python;
+    }
+    let made = Command::new("python3")
+        .args(["-m", "venv"])
+        .arg(&venv)
+        .status()
+        .expect("python3 runs");
+    assert!(made.success(), "python3 -m venv failed");
+    let installed = Command::new(&python)
+        .args(["-m", "pip", "install", "--quiet", "-r"])
+        .arg(&requirements)
+        .status()
+        .unwrap();
+    assert!(installed.success(), "installing the OpenAI SDK failed");
+    std::fs::write(&stamp, wanted).unwrap();
+    python
+}
+
+#[test]
+fn the_openai_sdk_through_the_gateway() {
+    let out = Command::new(python())
+        .arg(repo().join("tests/gateway/test_gateway.py"))
+        .env("TOLLGATE_BIN", env!("CARGO_BIN_EXE_tollgate"))
+        .output()
+        .unwrap();
+    let report = String::from_utf8_lossy(&out.stderr);
+    println!("{report}");
+    assert!(out.status.success(), "{report}");
+    // Every check ran (a suite that found nothing to run would also exit 0).
+    assert!(report.contains("Ran 12 tests"), "{report}");
+}

@@ -1,0 +1,263 @@
+"""The gateway as an OpenAI SDK user meets it: the official `openai` Python client pointed
+at `tollgate serve`, in front of the stub upstream (stub_upstream.py). Run by
+tests/gateway.rs, which gives the `tollgate` executable in TOLLGATE_BIN."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+import urllib.request
+
+import openai
+
+sys.path.insert(0, os.path.dirname(__file__))
+import stub_upstream  # noqa: E402
+
+ADMIN = "admin-key"
+KEYS = {"acme": "acme-key", "globex": "globex-key", "tight": "tight-key", "slotty": "slotty-key",
+        "shrink": "shrink-key"}
+MODEL = "gpt-4o-mini"
+
+
+def free_port():
+    import socket
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+class Gateway(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.stub = stub_upstream.start()
+        stub_port = cls.stub.server_address[1]
+        cls.dir = tempfile.TemporaryDirectory()
+        config = {
+            "refund_unused_tokens": True,
+            "auth": {"callers": {v: k for k, v in KEYS.items()}, "admins": [ADMIN]},
+            "global": {"requests": {"capacity": 100000, "refill_per_s": 0}, "concurrency": 100},
+            "tenant_defaults": {"requests": {"capacity": 1000, "refill_per_s": 0},
+                                "tokens": {"capacity": 1000000, "refill_per_s": 0}},
+            "tenants": {"acme": {}, "globex": {},
+                        "tight": {"tokens": {"capacity": 100, "refill_per_s": 0}},
+                        "shrink": {"tokens": {"capacity": 300, "refill_per_s": 0}},
+                        "slotty": {"concurrency": 5}},
+            # A request that can never fit its token bucket is cut to 50 output tokens.
+            "policy_params": {"degrade_on_token_shortage": True, "degraded_max_output_tokens": 50},
+            "gateway": {
+                "upstreams": {"local": {"base_url": f"http://127.0.0.1:{stub_port}/v1",
+                                        "api_key_env": "STUB_UPSTREAM_KEY"}},
+                "models": {MODEL: {"upstream": "local", "tokenizer": "o200k_base",
+                                   "default_max_output_tokens": 64},
+                           "no-tokenizer": {"upstream": "local"}},
+                "default_timeout_ms": 20000,
+            },
+        }
+        path = os.path.join(cls.dir.name, "config.json")
+        with open(path, "w") as f:
+            json.dump(config, f)
+        cls.port = free_port()
+        cls.base = f"http://127.0.0.1:{cls.port}"
+        env = dict(os.environ, STUB_UPSTREAM_KEY="upstream-secret")
+        cls.log = open(os.path.join(cls.dir.name, "serve.log"), "w")
+        cls.server = subprocess.Popen(
+            [os.environ["TOLLGATE_BIN"], "serve", "--config", path,
+             "--db", os.path.join(cls.dir.name, "state.db"), "--listen", f"127.0.0.1:{cls.port}"],
+            env=env, stdout=subprocess.DEVNULL, stderr=cls.log)
+        for _ in range(300):
+            try:
+                urllib.request.urlopen(cls.base + "/healthz", timeout=1)
+                break
+            except OSError:
+                time.sleep(0.05)
+        else:
+            raise RuntimeError("tollgate serve did not start")
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.terminate()
+        cls.server.wait(30)
+        cls.stub.shutdown()
+        cls.log.close()
+        cls.dir.cleanup()
+
+    def client(self, tenant="acme", **kw):
+        return openai.OpenAI(api_key=KEYS[tenant], base_url=self.base + "/v1", **kw)
+
+    def get(self, path, key):
+        req = urllib.request.Request(self.base + path, headers={"Authorization": f"Bearer {key}"})
+        try:
+            with urllib.request.urlopen(req) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read() or b"null")
+
+    def stub_calls(self, content):
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.stub.server_address[1]}/_calls") as r:
+            calls = json.loads(r.read())
+        return [c for c in calls if c["body"]["messages"][-1]["content"] == content]
+
+    def operation(self, key, tenant="acme"):
+        return self.get(f"/v1/operations/{key}", KEYS[tenant])
+
+    def inspect(self):
+        return self.get("/v1/admin/inspect", ADMIN)[1]
+
+    def wait_for_state(self, key, tenant, state):
+        for _ in range(100):
+            status, op = self.operation(key, tenant)
+            if status == 200 and op["state"] == state:
+                return op
+            time.sleep(0.05)
+        self.fail(f"{key} never reached {state}: {self.operation(key, tenant)}")
+
+    def test_a_plain_answer_is_unchanged_and_its_usage_recorded(self):
+        before = self.inspect()["buckets"]["tenant.globex.tokens"]
+        raw = self.client("globex").chat.completions.with_raw_response.create(
+            model=MODEL, messages=[{"role": "user", "content": "plain please"}],
+            max_tokens=50, extra_headers={"Idempotency-Key": "plain-1"})
+        answer = raw.parse()
+        self.assertEqual(answer.choices[0].message.content, stub_upstream.ANSWER)
+        self.assertEqual(answer.usage.prompt_tokens, stub_upstream.PROMPT_TOKENS)
+        # Refunds follow the provider's usage: what is spent is what it reported.
+        spent = before - self.inspect()["buckets"]["tenant.globex.tokens"]
+        self.assertEqual(spent, stub_upstream.PROMPT_TOKENS + stub_upstream.COMPLETION_TOKENS)
+        self.assertEqual(self.operation("plain-1", "globex")[1]["state"], "succeeded")
+        for h in ["x-ratelimit-limit-requests", "x-ratelimit-remaining-requests",
+                  "x-ratelimit-limit-tokens", "x-ratelimit-remaining-tokens",
+                  "x-ratelimit-reset-requests", "x-ratelimit-reset-tokens"]:
+            self.assertIn(h, raw.headers, h)
+        self.assertEqual(raw.headers["x-ratelimit-limit-tokens"], "1000000")
+        # The upstream saw its own key, never the caller's, and the caller's limit.
+        call = self.stub_calls("plain please")[-1]
+        self.assertEqual(call["authorization"], "Bearer upstream-secret")
+        self.assertEqual(call["body"]["max_tokens"], 50)
+
+    def test_a_stream_is_unchanged_and_carries_usage_only_when_asked(self):
+        chunks = list(self.client().chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "stream please"}], stream=True))
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        self.assertEqual(text, stub_upstream.ANSWER)
+        self.assertTrue(all(c.usage is None for c in chunks), "usage chunk not asked for")
+        # The gateway asked upstream for the usage all the same.
+        self.assertTrue(self.stub_calls("stream please")[-1]["body"]["stream_options"]["include_usage"])
+        chunks = list(self.client().chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "stream with usage"}], stream=True,
+            stream_options={"include_usage": True}))
+        self.assertEqual(chunks[-1].usage.completion_tokens, stub_upstream.COMPLETION_TOKENS)
+
+    def test_an_upstream_429_is_retried_by_the_gateway_not_the_sdk(self):
+        answer = self.client().chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "rate-limit-once r1"}],
+            extra_headers={"Idempotency-Key": "r1"})
+        self.assertEqual(answer.choices[0].message.content, stub_upstream.ANSWER)
+        self.assertEqual(len(self.stub_calls("rate-limit-once r1")), 2)
+        status, op = self.operation("r1")
+        self.assertEqual((status, op["state"], op["attempt"]), (200, "succeeded", 2))
+
+    def test_a_final_upstream_failure_reaches_the_sdk_once(self):
+        with self.assertRaises(openai.InternalServerError):
+            self.client().chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "unavailable"}],
+                extra_headers={"Idempotency-Key": "u1"})
+        # The policy's three attempts, by the gateway; the SDK did not add its own.
+        self.assertEqual(len(self.stub_calls("unavailable")), 3)
+        self.assertEqual(self.operation("u1")[1]["state"], "failed_final")
+
+    def test_a_stream_cut_midway_leaves_the_operation_unknown_with_its_slot(self):
+        with self.assertRaises(openai.APIError):
+            for _ in self.client("slotty").chat.completions.create(
+                    model=MODEL, messages=[{"role": "user", "content": "drop"}], stream=True,
+                    extra_headers={"Idempotency-Key": "d1"}):
+                pass
+        op = self.wait_for_state("d1", "slotty", "unknown")
+        self.assertEqual(op["state"], "unknown")
+        self.assertEqual(self.inspect()["slots"]["tenant.slotty"], 1)
+        self.assertEqual(len(self.stub_calls("drop")), 1, "never retried")
+
+    def test_a_call_past_its_deadline_is_unknown_and_not_retried(self):
+        with self.assertRaises(openai.APIStatusError) as caught:
+            self.client().chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "stall"}],
+                extra_headers={"Idempotency-Key": "s1", "x-tollgate-timeout-ms": "500"})
+        self.assertEqual(caught.exception.status_code, 502)
+        self.assertEqual(caught.exception.code, "unknown_outcome")
+        self.assertEqual(self.operation("s1")[1]["state"], "unknown")
+        self.assertEqual(len(self.stub_calls("stall")), 1)
+
+    def test_a_tenant_over_its_token_budget_gets_a_rate_limit_error(self):
+        # A call whose outcome stays unknown keeps its tokens spent (no usage, no refund).
+        with self.assertRaises(openai.APIStatusError):
+            self.client("tight", max_retries=0).chat.completions.create(
+                model=MODEL, max_tokens=60, messages=[{"role": "user", "content": "stall tight"}],
+                extra_headers={"x-tollgate-timeout-ms": "300"})
+        left = self.inspect()["buckets"]["tenant.tight.tokens"]
+        with self.assertRaises(openai.RateLimitError) as caught:
+            self.client("tight").chat.completions.create(
+                model=MODEL, max_tokens=40, messages=[{"role": "user", "content": "tight two"}])
+        headers = caught.exception.response.headers
+        self.assertEqual(caught.exception.code, "token_budget")
+        self.assertEqual(headers["x-tollgate-reason"], "token_budget")
+        self.assertEqual(headers["x-ratelimit-limit-tokens"], "100")
+        self.assertEqual(headers["x-ratelimit-remaining-tokens"], str(left))
+        self.assertEqual(headers["x-should-retry"], "false", "the bucket does not refill")
+        self.assertEqual(self.stub_calls("tight two"), [], "refused before the upstream")
+
+    def test_a_degraded_plan_rewrites_the_limit_sent_upstream(self):
+        raw = self.client("shrink").chat.completions.with_raw_response.create(
+            model=MODEL, max_completion_tokens=500,
+            messages=[{"role": "user", "content": "make it short"}])
+        self.assertEqual(raw.parse().choices[0].message.content, stub_upstream.ANSWER)
+        self.assertEqual(raw.headers["x-tollgate-degraded"], "true")
+        self.assertEqual(self.stub_calls("make it short")[-1]["body"]["max_completion_tokens"], 50)
+
+    def test_tenants_never_see_each_others_operations(self):
+        for tenant in ["acme", "globex"]:
+            self.client(tenant).chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": f"mine, says {tenant}"}],
+                extra_headers={"Idempotency-Key": "shared-key"})
+        self.assertEqual(self.operation("shared-key", "acme")[1]["state"], "succeeded")
+        self.assertEqual(self.operation("shared-key", "globex")[1]["state"], "succeeded")
+        self.client().chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "acme only"}],
+            extra_headers={"Idempotency-Key": "acme-only"})
+        self.assertEqual(self.operation("acme-only", "globex")[0], 404)
+
+    def test_a_repeated_key_is_a_duplicate_or_a_conflict(self):
+        ask = lambda content: self.client().chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": content}],
+            extra_headers={"Idempotency-Key": "again"})
+        ask("once")
+        with self.assertRaises(openai.ConflictError) as caught:
+            ask("once")
+        self.assertEqual(caught.exception.code, "duplicate_completed")
+        with self.assertRaises(openai.UnprocessableEntityError) as caught:
+            ask("something else")
+        self.assertEqual(caught.exception.code, "conflict")
+        self.assertEqual(len(self.stub_calls("once")), 1)
+
+    def test_models_and_unknown_models(self):
+        ids = sorted(m.id for m in self.client().models.list())
+        self.assertEqual(ids, sorted([MODEL, "no-tokenizer"]))
+        with self.assertRaises(openai.NotFoundError) as caught:
+            self.client().chat.completions.create(
+                model="gpt-nothing", messages=[{"role": "user", "content": "hi"}])
+        self.assertEqual(caught.exception.code, "model_not_found")
+        with self.assertRaises(openai.AuthenticationError):
+            openai.OpenAI(api_key="nobody", base_url=self.base + "/v1").models.list()
+
+    def test_a_caller_leaving_mid_stream_does_not_make_the_outcome_unknown(self):
+        stream = self.client().chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "slow-stream"}], stream=True,
+            extra_headers={"Idempotency-Key": "leaver"})
+        next(iter(stream))
+        stream.close()
+        self.wait_for_state("leaver", "acme", "succeeded")
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
