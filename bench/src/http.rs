@@ -97,20 +97,26 @@ fn http_config(tenants: u32) -> serde_json::Value {
     config
 }
 
-/// Runs `serve` (the `tollgate` executable) as its own process on a SQLite file in `dir`,
-/// exactly as an operator starts it (its logs go to `dir/serve.log`), and drives it from
-/// this process with `connections` keep-alive HTTP/1.1 connections, `requests` admissions
-/// in all.
-pub fn http(
+/// `tollgate serve` as its own process, killed when dropped.
+pub struct ServeProcess(pub std::process::Child);
+
+impl Drop for ServeProcess {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `serve` (the `tollgate` executable) with `config` on a fresh SQLite file in `dir`,
+/// its logs in `dir/serve.log`, on a free loopback port; returns once it listens.
+pub fn start_serve(
     serve: &Path,
     dir: &Path,
-    tenants: u32,
-    connections: usize,
-    requests: u64,
-) -> Result<HttpFigures, String> {
+    config: &serde_json::Value,
+) -> Result<(ServeProcess, std::net::SocketAddr), String> {
     use std::process::{Command, Stdio};
     let config_path = dir.join("serve.json");
-    std::fs::write(&config_path, http_config(tenants).to_string()).map_err(|e| e.to_string())?;
+    std::fs::write(&config_path, config.to_string()).map_err(|e| e.to_string())?;
     let db = dir.join("http.db");
     for suffix in ["", "-wal", "-shm"] {
         let _ = std::fs::remove_file(format!("{}{suffix}", db.display()));
@@ -132,14 +138,7 @@ pub fn http(
         .stderr(log)
         .spawn()
         .map_err(|e| format!("starting {}: {e}", serve.display()))?;
-    struct Server(std::process::Child);
-    impl Drop for Server {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let mut server = Server(child);
+    let mut server = ServeProcess(child);
     let started = Instant::now();
     while std::net::TcpStream::connect(addr).is_err() {
         let log = || std::fs::read_to_string(dir.join("serve.log")).unwrap_or_default();
@@ -154,6 +153,21 @@ pub fn http(
         }
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
+    Ok((server, addr))
+}
+
+/// Runs `serve` (the `tollgate` executable) as its own process on a SQLite file in `dir`,
+/// exactly as an operator starts it (its logs go to `dir/serve.log`), and drives it from
+/// this process with `connections` keep-alive HTTP/1.1 connections, `requests` admissions
+/// in all.
+pub fn http(
+    serve: &Path,
+    dir: &Path,
+    tenants: u32,
+    connections: usize,
+    requests: u64,
+) -> Result<HttpFigures, String> {
+    let (server, addr) = start_serve(serve, dir, &http_config(tenants))?;
     let pid = server.0.id();
     // A thread takes its name when it first runs, which may come after the server listens.
     let writer_before = (0..50).find_map(|_| {

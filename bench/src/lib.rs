@@ -4,6 +4,7 @@
 // The guest SDK's `standard.rs`, compiled natively by `native`, names `alloc`.
 extern crate alloc;
 
+pub mod gateway;
 pub mod http;
 pub mod native;
 pub mod redis_peer;

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use tollgate::runtime::Runtime;
-use tollgate_bench::{http, native, redis_peer, store};
+use tollgate_bench::{gateway, http, native, redis_peer, store};
 
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -59,6 +59,20 @@ enum BenchCommand {
         /// Servers sharing the PostgreSQL store, the connections spread over them.
         #[arg(long, default_value_t = 1)]
         replicas: usize,
+        /// Print one JSON line at the end.
+        #[arg(long)]
+        json: bool,
+        /// The `tollgate` executable to start (default: the one beside this benchmark).
+        #[arg(long)]
+        tollgate: Option<PathBuf>,
+    },
+    /// Proxied chat completions per second and the latency the gateway adds, against the
+    /// same zero-latency stub called directly (plain and streaming).
+    Gateway {
+        #[arg(long, default_value_t = 32)]
+        connections: usize,
+        #[arg(long, default_value_t = 20_000)]
+        calls: u64,
         /// Print one JSON line at the end.
         #[arg(long)]
         json: bool,
@@ -146,6 +160,44 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
                     m.idle_percent, m.steal_percent
                 );
             }
+            if json {
+                println!("{}", serde_json::json!(f));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Some(BenchCommand::Gateway {
+            connections,
+            calls,
+            json,
+            tollgate,
+        }) => {
+            let dir = tempfile_dir()?;
+            let exe = tollgate.map_or_else(serve_executable, Ok)?;
+            let f = gateway::gateway(&exe, &dir, connections, calls);
+            let _ = std::fs::remove_dir_all(&dir);
+            let f = f?;
+            println!(
+                "{:<16} {:>10} {:>9} {:>9}",
+                "workload", "calls/s", "p50 ms", "p99 ms"
+            );
+            for (name, r) in [
+                ("direct plain", &f.direct_plain),
+                ("gateway plain", &f.gateway_plain),
+                ("direct stream", &f.direct_stream),
+                ("gateway stream", &f.gateway_stream),
+            ] {
+                println!(
+                    "{name:<16} {:>10.0} {:>9.3} {:>9.3}",
+                    r.calls_per_s, r.p50_ms, r.p99_ms
+                );
+            }
+            println!(
+                "added p50: {:.3} ms plain, {:.3} ms stream; proxied/direct calls/s: {:.2} plain, {:.2} stream",
+                f.added_p50_ms_plain,
+                f.added_p50_ms_stream,
+                f.throughput_ratio_plain,
+                f.throughput_ratio_stream
+            );
             if json {
                 println!("{}", serde_json::json!(f));
             }

@@ -61,3 +61,45 @@ fn the_load_benchmark_drives_a_real_server_and_counts_every_answer() {
         "{figures}"
     );
 }
+
+#[test]
+fn the_gateway_benchmark_proxies_every_call_and_reports_both_sides() {
+    // Every call of the four workloads must succeed (a failed call ends the run with an
+    // error), through a real `tollgate serve` in front of the in-process stub.
+    let out = Command::new(env!("CARGO_BIN_EXE_tollgate-bench"))
+        .args([
+            "gateway",
+            "--connections",
+            "4",
+            "--calls",
+            "400",
+            "--json",
+            "--tollgate",
+        ])
+        .arg(tollgate())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout.lines().find(|l| l.starts_with('{')).unwrap();
+    let f: Value = serde_json::from_str(line).unwrap();
+    for run in [
+        "direct_plain",
+        "gateway_plain",
+        "direct_stream",
+        "gateway_stream",
+    ] {
+        let r = &f[run];
+        assert!(r["calls_per_s"].as_f64().unwrap() > 0.0, "{f}");
+        assert!(
+            r["p50_ms"].as_f64().unwrap() <= r["p99_ms"].as_f64().unwrap(),
+            "{f}"
+        );
+    }
+    let ratio = f["throughput_ratio_plain"].as_f64().unwrap();
+    assert!(ratio > 0.0 && ratio.is_finite(), "{f}");
+}

@@ -24,11 +24,12 @@ pub async fn run(s: Shared, call: ChatCall) -> Response {
     let route = &g.models[&call.model];
     let mut attempts = 0;
     loop {
-        let decision = match admit(&s, &call).await {
+        // Both jobs join the tenant's lane in this order, usually one writer batch.
+        let (decision, levels) = tokio::join!(admit(&s, &call), levels(&s, &call.tenant));
+        let decision = match decision {
             Ok(d) => d,
             Err(e) => return axum::response::IntoResponse::into_response(e),
         };
-        let levels = levels(&s, &call.tenant).await;
         if decision.outcome != Outcome::Accepted {
             count(&s, &call, "refused");
             return refusal(&decision, levels.as_ref());

@@ -1,0 +1,211 @@
+//! The gateway's cost: proxied calls per second and the latency it adds, against the same
+//! zero-latency OpenAI-compatible stub called directly, both in one run, plain and
+//! streaming. The stub runs in this process; `tollgate serve` in its own.
+
+use crate::http::start_serve;
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Bytes, Incoming};
+use hyper::{Request, Response};
+use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use serde::Serialize;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Instant;
+
+/// One workload's figures.
+#[derive(Clone, Debug, Serialize)]
+pub struct Run {
+    /// Calls per second with `connections` callers.
+    pub calls_per_s: f64,
+    /// Latency of one caller alone, to the answer's last byte, in ms.
+    pub p50_ms: f64,
+    /// The same, 99th percentile.
+    pub p99_ms: f64,
+}
+
+/// Direct and proxied, plain and streaming.
+#[derive(Clone, Debug, Serialize)]
+pub struct GatewayFigures {
+    /// Callers at once in the throughput runs.
+    pub connections: usize,
+    /// Calls per throughput run.
+    pub calls: u64,
+    /// The stub called directly, plain answers.
+    pub direct_plain: Run,
+    /// Through tollgate, plain answers.
+    pub gateway_plain: Run,
+    /// The stub called directly, streams.
+    pub direct_stream: Run,
+    /// Through tollgate, streams.
+    pub gateway_stream: Run,
+    /// Latency the gateway adds at the median, plain and streaming, in ms.
+    pub added_p50_ms_plain: f64,
+    /// The same for streams.
+    pub added_p50_ms_stream: f64,
+    /// Proxied over direct calls per second, plain.
+    pub throughput_ratio_plain: f64,
+    /// The same for streams.
+    pub throughput_ratio_stream: f64,
+}
+
+const ANSWER: &str = r#"{"id":"chatcmpl-b","object":"chat.completion","created":0,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"Hello world"},"finish_reason":"stop"}],"usage":{"prompt_tokens":9,"completion_tokens":2,"total_tokens":11}}"#;
+const STREAM: &str = concat!(
+    "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"Hello\"}}]}\n\n",
+    "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\" world\"},\"finish_reason\":\"stop\"}]}\n\n",
+    "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":2,\"total_tokens\":11}}\n\n",
+    "data: [DONE]\n\n"
+);
+
+/// The stub: answers every POST at once, a stream when the body asks for one.
+async fn stub(listener: tokio::net::TcpListener) {
+    loop {
+        let Ok((tcp, _)) = listener.accept().await else {
+            continue;
+        };
+        let _ = tcp.set_nodelay(true);
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(|req: Request<Incoming>| async move {
+                let body = req.into_body().collect().await?.to_bytes();
+                let stream = body.windows(14).any(|w| w == b"\"stream\":true");
+                let (kind, text) = if stream {
+                    ("text/event-stream", STREAM)
+                } else {
+                    ("application/json", ANSWER)
+                };
+                Ok::<_, hyper::Error>(
+                    Response::builder()
+                        .header("content-type", kind)
+                        .body(Full::new(Bytes::from_static(text.as_bytes())))
+                        .unwrap(),
+                )
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(tcp), service)
+                .await;
+        });
+    }
+}
+
+type HttpClient = Client<HttpConnector, Full<Bytes>>;
+
+/// One call, read to its last byte; its time in ms.
+async fn call(client: &HttpClient, url: &str, key: &str, stream: bool) -> Result<f64, String> {
+    let body = if stream {
+        r#"{"model":"bench","stream":true,"messages":[{"role":"user","content":"Say hello"}],"max_tokens":16}"#
+    } else {
+        r#"{"model":"bench","messages":[{"role":"user","content":"Say hello"}],"max_tokens":16}"#
+    };
+    let request = Request::post(url)
+        .header("content-type", "application/json")
+        .header("authorization", format!("Bearer {key}"))
+        .body(Full::new(Bytes::from_static(body.as_bytes())))
+        .unwrap();
+    let started = Instant::now();
+    let response = client.request(request).await.map_err(|e| e.to_string())?;
+    let status = response.status();
+    let bytes = response
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| e.to_string())?
+        .to_bytes();
+    if !status.is_success() || bytes.is_empty() {
+        return Err(format!("{status}: {}", String::from_utf8_lossy(&bytes)));
+    }
+    Ok(started.elapsed().as_secs_f64() * 1e3)
+}
+
+/// Latency alone (one caller, `alone` calls) and throughput (`connections` callers,
+/// `calls` in all) against `url`.
+async fn measure(
+    url: &str,
+    key: &str,
+    stream: bool,
+    alone: u64,
+    connections: usize,
+    calls: u64,
+) -> Result<Run, String> {
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    let client: HttpClient = Client::builder(TokioExecutor::new()).build(connector);
+    for _ in 0..100 {
+        call(&client, url, key, stream).await?;
+    }
+    let mut latencies = Vec::with_capacity(alone as usize);
+    for _ in 0..alone {
+        latencies.push(call(&client, url, key, stream).await?);
+    }
+    latencies.sort_by(f64::total_cmp);
+    let pct = |p: f64| latencies[((latencies.len() - 1) as f64 * p).round() as usize];
+    let per = calls.div_ceil(connections as u64);
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..connections {
+        let (client, url, key) = (client.clone(), url.to_string(), key.to_string());
+        tasks.spawn(async move {
+            for _ in 0..per {
+                call(&client, &url, &key, stream).await?;
+            }
+            Ok::<_, String>(())
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.map_err(|e| e.to_string())??;
+    }
+    Ok(Run {
+        calls_per_s: (per * connections as u64) as f64 / started.elapsed().as_secs_f64(),
+        p50_ms: pct(0.5),
+        p99_ms: pct(0.99),
+    })
+}
+
+/// Runs the four workloads: the stub directly and through `tollgate serve` (`serve`, with
+/// its store in `dir`), plain and streaming.
+pub fn gateway(
+    serve: &Path,
+    dir: &Path,
+    connections: usize,
+    calls: u64,
+) -> Result<GatewayFigures, String> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .map_err(|e| e.to_string())?;
+    let stub_addr: SocketAddr = listener.local_addr().map_err(|e| e.to_string())?;
+    rt.spawn(stub(listener));
+    let mut config = crate::store::admit_config_json(1);
+    config["auth"] = serde_json::json!({"callers": {"bench-key": "t00000"}});
+    config["gateway"] = serde_json::json!({
+        "upstreams": {"stub": {"base_url": format!("http://{stub_addr}/v1")}},
+        "models": {"bench": {"upstream": "stub", "tokenizer": "o200k_base"}},
+    });
+    let (_server, addr) = start_serve(serve, dir, &config)?;
+    let direct = format!("http://{stub_addr}/v1/chat/completions");
+    let proxied = format!("http://{addr}/v1/chat/completions");
+    let alone = (calls / 5).max(200);
+    rt.block_on(async {
+        let direct_plain = measure(&direct, "none", false, alone, connections, calls).await?;
+        let gateway_plain =
+            measure(&proxied, "bench-key", false, alone, connections, calls).await?;
+        let direct_stream = measure(&direct, "none", true, alone, connections, calls).await?;
+        let gateway_stream =
+            measure(&proxied, "bench-key", true, alone, connections, calls).await?;
+        Ok(GatewayFigures {
+            connections,
+            calls,
+            added_p50_ms_plain: gateway_plain.p50_ms - direct_plain.p50_ms,
+            added_p50_ms_stream: gateway_stream.p50_ms - direct_stream.p50_ms,
+            throughput_ratio_plain: gateway_plain.calls_per_s / direct_plain.calls_per_s,
+            throughput_ratio_stream: gateway_stream.calls_per_s / direct_stream.calls_per_s,
+            direct_plain,
+            gateway_plain,
+            direct_stream,
+            gateway_stream,
+        })
+    })
+}
