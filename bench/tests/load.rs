@@ -17,13 +17,11 @@ fn tollgate() -> PathBuf {
     bench.with_file_name("tollgate")
 }
 
-#[test]
-fn the_load_benchmark_drives_a_real_server_and_counts_every_answer() {
-    // `tollgate-bench http` starts `tollgate serve` as a process and must see every one of
-    // its admissions answered 200 (a generator that misreads responses fails here).
+/// Runs `tollgate-bench ARGS --json --tollgate EXE` and reads its JSON line.
+fn bench_json(args: &[&str]) -> Value {
     let out = Command::new(env!("CARGO_BIN_EXE_tollgate-bench"))
-        .args(["http", "--tenants", "5", "--connections", "4"])
-        .args(["--requests", "400", "--json", "--tollgate"])
+        .args(args)
+        .args(["--json", "--tollgate"])
         .arg(tollgate())
         .output()
         .unwrap();
@@ -34,7 +32,22 @@ fn the_load_benchmark_drives_a_real_server_and_counts_every_answer() {
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
     let line = stdout.lines().find(|l| l.starts_with('{')).unwrap();
-    let figures: Value = serde_json::from_str(line).unwrap();
+    serde_json::from_str(line).unwrap()
+}
+
+#[test]
+fn the_load_benchmark_drives_a_real_server_and_counts_every_answer() {
+    // `tollgate-bench http` starts `tollgate serve` as a process and must see every one of
+    // its admissions answered 200 (a generator that misreads responses fails here).
+    let figures = bench_json(&[
+        "http",
+        "--tenants",
+        "5",
+        "--connections",
+        "4",
+        "--requests",
+        "400",
+    ]);
     assert_eq!(figures["requests"], 400, "{figures}");
     assert_eq!(figures["errors"], 0, "{figures}");
     assert!(figures["admissions_per_s"].as_f64().unwrap() > 0.0);
@@ -66,27 +79,7 @@ fn the_load_benchmark_drives_a_real_server_and_counts_every_answer() {
 fn the_gateway_benchmark_proxies_every_call_and_reports_both_sides() {
     // Every call of the four workloads must succeed (a failed call ends the run with an
     // error), through a real `tollgate serve` in front of the in-process stub.
-    let out = Command::new(env!("CARGO_BIN_EXE_tollgate-bench"))
-        .args([
-            "gateway",
-            "--connections",
-            "4",
-            "--calls",
-            "400",
-            "--json",
-            "--tollgate",
-        ])
-        .arg(tollgate())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let line = stdout.lines().find(|l| l.starts_with('{')).unwrap();
-    let f: Value = serde_json::from_str(line).unwrap();
+    let f = bench_json(&["gateway", "--connections", "4", "--calls", "400"]);
     for run in [
         "direct_plain",
         "gateway_plain",

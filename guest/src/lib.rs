@@ -1,38 +1,10 @@
 //! The SDK for writing tollgate policies in Rust.
 //!
 //! A policy is a WebAssembly component of the `tollgate:policy/policy` world (`wit/policy.wit`).
-//! It decides; the host reserves. Implement [`Policy`] and export it:
-//!
-//! ```ignore
-//! use tollgate_guest::{export_policy, host, standard, Admission, FailureReport, Policy,
-//!                      PolicyInfo, Refusal, RefusalReason, Request, RetryDecision};
-//!
-//! struct QuietHours;
-//!
-//! impl Policy for QuietHours {
-//!     fn describe() -> PolicyInfo {
-//!         PolicyInfo { name: "quiet-hours".into(), version: "1.0.0".into() }
-//!     }
-//!     fn self_check() -> Result<(), String> {
-//!         standard::self_check()
-//!     }
-//!     fn admit(req: Request) -> Admission {
-//!         // Refuse big generations during the first second of every minute, else the standard rules.
-//!         if host::now_ms().rem_euclid(60_000) < 1_000 && req.max_output_tokens > 1_000 {
-//!             return Admission::Refuse(Refusal { reason: RefusalReason::Overloaded, retry_after_ms: Some(1_000) });
-//!         }
-//!         standard::admit(&req)
-//!     }
-//!     fn on_failure(report: FailureReport) -> RetryDecision {
-//!         standard::on_failure(&report)
-//!     }
-//! }
-//!
-//! export_policy!(QuietHours);
-//! ```
-//!
-//! Build it with `cargo build --release --target wasm32-unknown-unknown` and turn the module
-//! into a component (the tollgate build does this for everything under `policies/`).
+//! It decides; the host reserves. Implement [`Policy`] and export it with
+//! [`export_policy!`]. A complete policy, compiled with this repository's tests, is
+//! `policies/fixtures/quiet-hours/src/lib.rs`; `docs/writing-policies.md` walks through it
+//! and through building the module into a component.
 
 #![no_std]
 

@@ -247,6 +247,7 @@ class Gateway(unittest.TestCase):
             self.client().chat.completions.create(
                 model="gpt-nothing", messages=[{"role": "user", "content": "hi"}])
         self.assertEqual(caught.exception.code, "model_not_found")
+        self.assertIn("x-ratelimit-remaining-tokens", caught.exception.response.headers)
         with self.assertRaises(openai.AuthenticationError):
             openai.OpenAI(api_key="nobody", base_url=self.base + "/v1").models.list()
 

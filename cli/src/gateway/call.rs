@@ -132,7 +132,7 @@ async fn admit(s: &AppState, call: &ChatCall) -> Result<Decision, openai::ApiErr
     }
 }
 
-async fn levels(s: &AppState, tenant: &str) -> Option<TenantLevels> {
+pub(super) async fn levels(s: &AppState, tenant: &str) -> Option<TenantLevels> {
     let job = Job::TenantLevels {
         tenant: tenant.to_string(),
         now_ms: s.clock.now_ms(),

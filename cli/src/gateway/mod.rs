@@ -164,9 +164,17 @@ async fn chat_completions(State(s): State<Shared>, headers: HeaderMap, body: Bod
         Ok(t) => t,
         Err(e) => return e.into_response(),
     };
-    let call = match read_call(&s, &headers, body, tenant).await {
+    let call = match read_call(&s, &headers, body, tenant.clone()).await {
         Ok(c) => c,
-        Err(e) => return e.into_response(),
+        Err(e) => {
+            // The tenant is known: its rate-limit headers go with the refusal too.
+            let mut response = e.into_response();
+            if let Some(l) = call::levels(&s, &tenant).await {
+                openai::rate_limit_headers(response.headers_mut(), &l);
+            }
+            openai::should_retry(response.headers_mut(), false);
+            return response;
+        }
     };
     // The call goes on if the caller goes away: its outcome must be learnt and recorded.
     match tokio::spawn(call::run(s.clone(), call)).await {
