@@ -24,10 +24,8 @@ pub async fn run(s: Shared, call: ChatCall) -> Response {
     let route = &g.models[&call.model];
     let mut attempts = 0;
     loop {
-        // Both jobs join the tenant's lane in this order, usually one writer batch.
-        let (decision, levels) = tokio::join!(admit(&s, &call), levels(&s, &call.tenant));
-        let decision = match decision {
-            Ok(d) => d,
+        let (decision, levels) = match admit(&s, &call).await {
+            Ok(answer) => answer,
             Err(e) => return axum::response::IntoResponse::into_response(e),
         };
         if decision.outcome != Outcome::Accepted {
@@ -110,19 +108,23 @@ pub async fn run(s: Shared, call: ChatCall) -> Response {
     }
 }
 
-async fn admit(s: &AppState, call: &ChatCall) -> Result<Decision, openai::ApiError> {
-    let job = Job::Admit {
+/// The decision, and the tenant's buckets after it (one writer job).
+async fn admit(
+    s: &AppState,
+    call: &ChatCall,
+) -> Result<(Decision, Option<TenantLevels>), openai::ApiError> {
+    let job = Job::AdmitWithLevels {
         request: call.request.clone(),
         now_ms: s.clock.now_ms(),
     };
     match s.writer.submit(job).await {
-        Ok(Answer::Decision(d)) => {
+        Ok(Answer::DecisionWithLevels(d, levels)) => {
             let reason = d.reason.map_or("", |r| r.as_str());
             s.metrics
                 .decisions
                 .with_label_values(&[d.outcome.as_str(), reason])
                 .inc();
-            Ok(d)
+            Ok((d, levels))
         }
         Ok(_) => Err(openai::ApiError::new(500, "internal", "unexpected answer")),
         Err(e) => {

@@ -16,6 +16,14 @@ pub enum Job {
         /// The time of the decision.
         now_ms: i64,
     },
+    /// An admission, answered with the tenant's buckets as they are after it (a gateway's
+    /// rate-limit headers), in the same job.
+    AdmitWithLevels {
+        /// The validated request.
+        request: Request,
+        /// The time of the decision.
+        now_ms: i64,
+    },
     /// Report how an active operation's call ended.
     Complete {
         /// The report.
@@ -81,6 +89,8 @@ pub enum Answer {
     Dispatch(DispatchAnswer),
     /// The answer to `SetDownstream`.
     Done,
+    /// The answer to `AdmitWithLevels`.
+    DecisionWithLevels(Decision, Option<super::TenantLevels>),
     /// The answer to `TenantLevels` (`None`: no such tenant).
     TenantLevels(Option<super::TenantLevels>),
     /// The answer to `Operation`.
@@ -93,7 +103,9 @@ impl Job {
     /// The tenant the job acts for, if any.
     pub fn tenant(&self) -> Option<&str> {
         match self {
-            Job::Admit { request, .. } => Some(&request.tenant),
+            Job::Admit { request, .. } | Job::AdmitWithLevels { request, .. } => {
+                Some(&request.tenant)
+            }
             Job::Complete { completion, .. } => Some(&completion.tenant),
             Job::Reconcile { reconciliation, .. } => Some(&reconciliation.tenant),
             Job::Operation { tenant, .. } | Job::TenantLevels { tenant, .. } => Some(tenant),
@@ -108,6 +120,7 @@ impl Job {
     pub fn set_now(&mut self, now: i64) {
         match self {
             Job::Admit { now_ms, .. }
+            | Job::AdmitWithLevels { now_ms, .. }
             | Job::Complete { now_ms, .. }
             | Job::Reconcile { now_ms, .. }
             | Job::Dispatch { now_ms, .. }
@@ -156,6 +169,11 @@ impl<S: Store> Engine<S> {
                 Job::SetDownstream { available } => {
                     tx.set_meta(DOWNSTREAM, if *available { "1" } else { "0" })?;
                     Answer::Done
+                }
+                Job::AdmitWithLevels { request, now_ms } => {
+                    let decision = self.admit_in(tx, policy.as_ref(), request, *now_ms)?;
+                    let levels = self.tenant_levels_in(tx, &request.tenant, *now_ms)?;
+                    Answer::DecisionWithLevels(decision, levels)
                 }
                 Job::TenantLevels { tenant, now_ms } => {
                     Answer::TenantLevels(self.tenant_levels_in(tx, tenant, *now_ms)?)
