@@ -147,6 +147,17 @@ fn completions_reconciliations_and_keys_in_paths() {
     let dir = tempfile::tempdir().unwrap();
     let s = Server::start(dir.path(), &config());
     assert_eq!(s.admit(CALLER, request("k1", "interactive", 10)).0, 200);
+    // A report naming another attempt is stale: 409, and k1 stays active.
+    let (status, _, body) = s.call(
+        "POST",
+        "/v1/operations/k1/complete",
+        Some(CALLER),
+        Some(r#"{"result": "succeeded", "attempt": 7}"#),
+    );
+    assert_eq!(
+        (status, body["error"].clone()),
+        (409, json!("stale_attempt"))
+    );
 
     // Completion: the key's tenant only; wrong state 409; unknown 404; bad result 400.
     assert_eq!(

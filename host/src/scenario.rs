@@ -58,6 +58,8 @@ struct CompleteArgs {
     provider_retry_after_ms: Option<u64>,
     #[serde(default)]
     result_ref: Option<String>,
+    #[serde(default)]
+    attempt: Option<u32>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -70,6 +72,8 @@ struct ReconcileArgs {
     usage: Option<Usage>,
     #[serde(default)]
     result_ref: Option<String>,
+    #[serde(default)]
+    attempt: Option<u32>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -379,6 +383,7 @@ impl Runner {
                     provider_retry_after_ms: c.provider_retry_after_ms,
                     result_ref: c.result_ref.clone(),
                     worker: None,
+                    attempt: c.attempt,
                 };
                 to_value(engine.complete(&completion, now).map(|a| json!(a)))
             }
@@ -390,6 +395,7 @@ impl Runner {
                     usage: r.usage,
                     result_ref: r.result_ref.clone(),
                     worker: None,
+                    attempt: r.attempt,
                 };
                 to_value(engine.reconcile(&rec, now).map(|a| json!(a)))
             }

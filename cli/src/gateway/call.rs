@@ -65,7 +65,7 @@ pub async fn run(s: Shared, call: ChatCall) -> Response {
                 let usage = serde_json::from_slice::<Value>(&body)
                     .ok()
                     .and_then(|v| sse::usage_of(&v));
-                finish(&s, &call, CallResult::Succeeded, usage, None, None).await;
+                finish(&s, &call, attempt, CallResult::Succeeded, usage, None, None).await;
                 count(&s, &call, "succeeded");
                 let mut response = Response::new(Body::from(body));
                 response.headers_mut().insert(
@@ -85,6 +85,7 @@ pub async fn run(s: Shared, call: ChatCall) -> Response {
                 let verdict = finish(
                     &s,
                     &call,
+                    attempt,
                     CallResult::Failed,
                     None,
                     Some(refusal.kind),
@@ -149,6 +150,7 @@ pub(super) async fn levels(s: &AppState, tenant: &str) -> Option<TenantLevels> {
 async fn finish(
     s: &AppState,
     call: &ChatCall,
+    attempt: u32,
     result: CallResult,
     usage: Option<Usage>,
     failure: Option<&str>,
@@ -169,6 +171,8 @@ async fn finish(
             usage,
             failure: failure.map(str::to_string),
             provider_retry_after_ms,
+            // A report names its attempt: a late one can never end the next attempt.
+            attempt: Some(attempt),
             ..Completion::succeeded(&call.tenant, &call.key)
         },
         now_ms: s.clock.now_ms(),
@@ -242,7 +246,7 @@ async fn lost(
     levels: Option<&TenantLevels>,
 ) -> Response {
     tracing::warn!(tenant = %call.tenant, key = %call.key, attempt, why, "upstream outcome unknown");
-    finish(s, call, CallResult::Unknown, None, None, None).await;
+    finish(s, call, attempt, CallResult::Unknown, None, None, None).await;
     count(s, call, "unknown");
     let mut response = openai::error(
         502,
@@ -401,13 +405,13 @@ fn stream(
         observe(&s, &call, "upstream", started);
         match failure {
             None if done || usage.is_some() => {
-                finish(&s, &call, CallResult::Succeeded, usage, None, None).await;
+                finish(&s, &call, attempt, CallResult::Succeeded, usage, None, None).await;
                 count(&s, &call, "succeeded");
             }
             failure => {
                 let why = failure.unwrap_or_else(|| "the stream ended without [DONE]".into());
                 tracing::warn!(tenant = %call.tenant, key = %call.key, attempt, why, "upstream stream cut off: outcome unknown");
-                finish(&s, &call, CallResult::Unknown, None, None, None).await;
+                finish(&s, &call, attempt, CallResult::Unknown, None, None, None).await;
                 count(&s, &call, "unknown");
                 let error = json!({"error": {"message": "the upstream stream was cut off; the outcome is unknown and the call is not retried",
                                              "type": "api_error", "code": "unknown_outcome"}});

@@ -73,6 +73,8 @@ pub(super) struct CompleteBody {
     provider_retry_after_ms: Option<u64>,
     #[serde(default)]
     result_ref: Option<String>,
+    #[serde(default)]
+    attempt: Option<u32>,
 }
 
 #[derive(Deserialize)]
@@ -85,6 +87,8 @@ pub(super) struct ReconcileBody {
     usage: Option<Usage>,
     #[serde(default)]
     result_ref: Option<String>,
+    #[serde(default)]
+    attempt: Option<u32>,
 }
 
 pub(super) fn completion_response(answer: Answer) -> Result<Response, Refusal> {
@@ -152,6 +156,7 @@ pub(super) async fn complete(
         provider_retry_after_ms: r.body.provider_retry_after_ms,
         result_ref: r.body.result_ref,
         worker: r.worker,
+        attempt: r.body.attempt,
     };
     completion_response(
         submit(
@@ -182,6 +187,7 @@ pub(super) async fn reconcile(
         usage: r.body.usage,
         result_ref: r.body.result_ref,
         worker: r.worker,
+        attempt: r.body.attempt,
     };
     completion_response(
         submit(

@@ -28,6 +28,9 @@ pub struct Completion {
     pub result_ref: Option<String>,
     /// When a worker reports: it may act only on a job it claimed.
     pub worker: Option<String>,
+    /// The attempt reported on; a report for another attempt is `stale_attempt` and
+    /// changes nothing. `None`: the current attempt.
+    pub attempt: Option<u32>,
 }
 
 impl Completion {
@@ -42,6 +45,7 @@ impl Completion {
             provider_retry_after_ms: None,
             result_ref: None,
             worker: None,
+            attempt: None,
         }
     }
 }
@@ -61,6 +65,8 @@ pub struct Reconciliation {
     pub result_ref: Option<String>,
     /// When a worker reports: it may act only on a job it claimed.
     pub worker: Option<String>,
+    /// The attempt reported on; another attempt is `stale_attempt`. `None`: the current.
+    pub attempt: Option<u32>,
 }
 
 /// The answer to `complete` or `reconcile`.
@@ -68,7 +74,8 @@ pub struct Reconciliation {
 pub struct CompletionAnswer {
     /// Whether the report applied.
     pub ok: bool,
-    /// Why not (`not_active`, `not_unknown`, `unknown_operation`, `not_claimed`).
+    /// Why not (`not_active`, `not_unknown`, `unknown_operation`, `not_claimed`,
+    /// `stale_attempt`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<&'static str>,
     /// After a failure: whether and when the host retries.
@@ -99,19 +106,24 @@ impl CompletionAnswer {
     }
 }
 
-/// The operation a `complete` or `reconcile` reports on: it must exist and, when a worker
-/// reports, be that worker's claim.
+/// The operation a `complete` or `reconcile` reports on: it must exist, be the reporting
+/// worker's claim when a worker reports, and be at the attempt the report names (a late
+/// report of attempt N must not end attempt N+1), before any state is looked at.
 fn reported_operation(
     tx: &mut dyn Tx,
     tenant: &str,
     key: &str,
     worker: &Option<String>,
+    attempt: Option<u32>,
 ) -> Result<Result<Operation, CompletionAnswer>, StoreError> {
     let Some(op) = tx.operation(tenant, key)? else {
         return Ok(Err(CompletionAnswer::error("unknown_operation")));
     };
     if worker.is_some() && op.worker != *worker {
         return Ok(Err(CompletionAnswer::error("not_claimed")));
+    }
+    if attempt.is_some_and(|a| a != op.attempt) {
+        return Ok(Err(CompletionAnswer::error("stale_attempt")));
     }
     Ok(Ok(op))
 }
@@ -161,7 +173,7 @@ impl<S: Store> Engine<S> {
         r: &Reconciliation,
         now_ms: i64,
     ) -> Result<CompletionAnswer, StoreError> {
-        let mut op = match reported_operation(tx, &r.tenant, &r.key, &r.worker)? {
+        let mut op = match reported_operation(tx, &r.tenant, &r.key, &r.worker, r.attempt)? {
             Ok(op) => op,
             Err(refused) => return Ok(refused),
         };
@@ -193,7 +205,7 @@ impl<S: Store> Engine<S> {
         c: &Completion,
         now_ms: i64,
     ) -> Result<CompletionAnswer, StoreError> {
-        let mut op = match reported_operation(tx, &c.tenant, &c.key, &c.worker)? {
+        let mut op = match reported_operation(tx, &c.tenant, &c.key, &c.worker, c.attempt)? {
             Ok(op) => op,
             Err(refused) => return Ok(refused),
         };
