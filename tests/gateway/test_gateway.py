@@ -248,6 +248,10 @@ class Gateway(unittest.TestCase):
                 model="gpt-nothing", messages=[{"role": "user", "content": "hi"}])
         self.assertEqual(caught.exception.code, "model_not_found")
         self.assertIn("x-ratelimit-remaining-tokens", caught.exception.response.headers)
+        with self.assertRaises(openai.BadRequestError) as caught:
+            self.client().chat.completions.create(
+                model=MODEL, n=2, messages=[{"role": "user", "content": "two please"}])
+        self.assertEqual(self.stub_calls("two please"), [])
         with self.assertRaises(openai.AuthenticationError):
             openai.OpenAI(api_key="nobody", base_url=self.base + "/v1").models.list()
 

@@ -232,6 +232,10 @@ async fn read_call(
             (None, Some(n)) => ("max_tokens", n),
             (None, None) => ("max_completion_tokens", route.default_max_output_tokens),
         };
+    // Several choices would multiply the output past what was reserved for one.
+    if positive("n")?.is_some_and(|n| n > 1) {
+        return Err(invalid("`n` above 1 is not served through the gateway"));
+    }
     let stream = match body.get("stream") {
         None | Some(Value::Null) => false,
         Some(Value::Bool(b)) => *b,
