@@ -377,12 +377,31 @@ fn metrics_count_decisions_and_match_the_admin_view() {
             .find_map(|l| l.strip_prefix(series))
             .and_then(|v| v.trim().parse::<f64>().ok())
     };
-    let credits = "tollgate_bucket_credits{bucket=\"tenant.acme.requests\"} ";
+    let global = "tollgate_bucket_credits{bucket=\"global.requests\"} ";
     assert_eq!(
-        value(&metrics, credits),
-        inspect["buckets"]["tenant.acme.requests"].as_f64(),
+        value(&metrics, global),
+        inspect["buckets"]["global.requests"].as_f64(),
         "{metrics}"
     );
+    // Without a key, totals only: no series names a tenant. The admin key sees them all.
+    assert!(
+        !metrics.contains("acme") && !metrics.contains("tenant."),
+        "{metrics}"
+    );
+    let (status, _, full) = s.call("GET", "/metrics", Some(ADMIN), None);
+    let full = full.as_str().unwrap().to_string();
+    assert_eq!(status, 200);
+    let credits = "tollgate_bucket_credits{bucket=\"tenant.acme.requests\"} ";
+    assert_eq!(
+        value(&full, credits),
+        inspect["buckets"]["tenant.acme.requests"].as_f64(),
+        "{full}"
+    );
+    assert!(
+        full.contains("tollgate_queue_depth{tenant=\"acme\"}"),
+        "{full}"
+    );
+    assert_eq!(s.call("GET", "/metrics", Some(CALLER), None).0, 403);
     // `/metrics` needs no key: asked for in a loop, it answers with the text it made (for
     // a second) instead of giving the writer a job each time.
     let read = || {

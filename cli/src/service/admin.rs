@@ -100,16 +100,26 @@ pub(super) async fn inspect(
     Ok(axum::Json(json!(i)).into_response())
 }
 
-pub(super) async fn metrics(State(s): State<Shared>) -> Result<Response, Refusal> {
+pub(super) async fn metrics(
+    State(s): State<Shared>,
+    headers: HeaderMap,
+) -> Result<Response, Refusal> {
+    // Without a key, totals only; with the admin key, the per-tenant series too.
+    let per_tenant = headers.contains_key(header::AUTHORIZATION);
+    if per_tenant {
+        admin(&s, &headers)?;
+    }
     let mut last = s.metrics_text.lock().await;
-    let text = match &*last {
-        Some((made, text)) if made.elapsed() < METRICS_FRESH_FOR => text.clone(),
-        _ => {
-            refresh_levels(&s).await?;
-            let text = Bytes::from(s.metrics.render());
-            *last = Some((std::time::Instant::now(), text.clone()));
-            text
-        }
+    let fresh = matches!(&*last, Some((made, _)) if made.elapsed() < METRICS_FRESH_FOR);
+    if !fresh {
+        refresh_levels(&s).await?;
+        let text = Bytes::from(s.metrics.render(false));
+        *last = Some((std::time::Instant::now(), text));
+    }
+    let text = match (&*last, per_tenant) {
+        (_, true) => Bytes::from(s.metrics.render(true)),
+        (Some((_, text)), false) => text.clone(),
+        (None, false) => Bytes::new(),
     };
     drop(last);
     let mut response = text.into_response();

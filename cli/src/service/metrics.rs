@@ -163,13 +163,33 @@ impl Metrics {
         }
     }
 
-    /// The text exposition format.
-    pub fn render(&self) -> String {
+    /// The text exposition format: every series when `per_tenant`, else the totals only
+    /// (no series names a tenant: tenants' names, levels and traffic are the operators').
+    pub fn render(&self, per_tenant: bool) -> String {
+        let mut families = self.registry.gather();
+        if !per_tenant {
+            for family in &mut families {
+                family
+                    .mut_metric()
+                    .retain(|m| m.get_label().iter().all(names_no_tenant));
+            }
+            families.retain(|f| !f.get_metric().is_empty());
+        }
         let mut out = Vec::new();
         TextEncoder::new()
-            .encode(&self.registry.gather(), &mut out)
+            .encode(&families, &mut out)
             .unwrap_or_default();
         String::from_utf8(out).unwrap_or_default()
+    }
+}
+
+/// Whether a label leaves tenants unnamed: no `tenant` label, and bucket and slot scope
+/// names only of the global ones.
+fn names_no_tenant(label: &prometheus::proto::LabelPair) -> bool {
+    match label.name() {
+        "tenant" => false,
+        "bucket" | "scope" => label.value().starts_with("global"),
+        _ => true,
     }
 }
 
