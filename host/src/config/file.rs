@@ -64,15 +64,6 @@ pub struct ConfigFile {
     pub gateway: Option<super::GatewayConfig>,
 }
 
-/// The name of a worker listed by its key alone: derived from the key (the same on every
-/// replica and across restarts) without being it, since worker names are recorded with
-/// claims and written to logs, and keys must never be.
-pub fn worker_name(key: &str) -> String {
-    use sha2::{Digest, Sha256};
-    let digest = Sha256::digest(key.as_bytes());
-    format!("worker-{}", &crate::runtime::hex(&digest)[..12])
-}
-
 /// `limits.max_connections` when the configuration leaves it out: under the common default
 /// of 1,024 open files per process, with room for the store's files and the log.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 1000;
@@ -131,8 +122,7 @@ impl ConfigFile {
         match auth.workers {
             WorkersInput::List(list) => {
                 for key in list {
-                    let name = worker_name(&key);
-                    add(key, Role::Worker { name })?;
+                    add(key.clone(), Role::Worker { name: key })?;
                 }
             }
             WorkersInput::Map(map) => {
@@ -193,16 +183,6 @@ mod tests {
             }
         );
         assert_eq!(c.keys["wk"], Role::Worker { name: "w1".into() });
-        // A worker listed by its key alone is named after it, never by it.
-        let listed = ConfigFile::from_json(&json!({"auth": {"workers": ["secret-key"]}})).unwrap();
-        let Role::Worker { name } = &listed.keys["secret-key"] else {
-            panic!("a worker")
-        };
-        assert!(
-            name.starts_with("worker-") && !name.contains("secret"),
-            "{name}"
-        );
-        assert_eq!(*name, worker_name("secret-key"), "stable across loads");
         assert_eq!(c.keys["ak"], Role::Admin);
         assert_eq!(c.policy, "deny-all");
         let unknown = ConfigFile::from_json(&json!({"auth": {"callers": {"k": "nobody"}}}));
