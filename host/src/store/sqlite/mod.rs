@@ -165,7 +165,8 @@ impl Store for SqliteStore {
         let rows = &mut self.rows;
         let log = &mut self.log;
         begin(&tx, rows, log, &mut self.data_version)?;
-        match f(&mut SqliteTx { tx: &tx, rows }) {
+        let outcome = unwind_distrusting(rows, log, |rows, _| f(&mut SqliteTx { tx: &tx, rows }));
+        match outcome {
             // A failed flush or commit empties the cache (see `commit`).
             Ok(v) => commit(tx, rows, log).map(|()| v).map_err(E::from),
             Err(e) => {
@@ -227,7 +228,7 @@ impl SqliteStore {
             }
             Ok(Some(out))
         };
-        match run(rows, log) {
+        match unwind_distrusting(rows, log, |rows, log| run(rows, log)) {
             // A failed flush or commit empties the cache (see `commit`).
             Ok(Some(out)) => commit(tx, rows, log).map(|()| Some(out)),
             // Rolled back (dropping `tx` does it): the cache cannot say what SQL holds.
@@ -244,6 +245,21 @@ impl SqliteStore {
 fn distrust(rows: &mut RowCache, log: &mut BucketLog) {
     rows.clear();
     log.forget();
+}
+
+/// Runs `f` on the cache and the log; if it panics, both are distrusted before the
+/// unwinding goes on. The transaction rolls back as it unwinds, and the cache may hold what
+/// it wrote: a later commit must not write that.
+fn unwind_distrusting<R>(
+    rows: &mut RowCache,
+    log: &mut BucketLog,
+    f: impl FnOnce(&mut RowCache, &mut BucketLog) -> R,
+) -> R {
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(rows, log)));
+    outcome.unwrap_or_else(|panic| {
+        distrust(rows, log);
+        std::panic::resume_unwind(panic)
+    })
 }
 
 /// The start of every transaction: empties the row cache if another connection committed

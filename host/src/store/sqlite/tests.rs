@@ -316,3 +316,31 @@ fn a_long_reader_elsewhere_does_not_keep_stopping_the_writer() {
     assert!(commits > 200, "{commits} commits");
     reader.execute_batch("COMMIT").unwrap();
 }
+
+#[test]
+fn a_panic_inside_a_transaction_leaves_nothing_to_be_written_later() {
+    let (_dir, path, mut store) = fresh();
+    set(&mut store, "n", 5);
+    // A job that writes and then panics: SQL rolls back as the transaction unwinds.
+    for batch in [false, true] {
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let write = |tx: &mut dyn Tx| -> Result<(), StoreError> {
+                tx.set_bucket("n", state(99))?;
+                tx.set_slots_in_use("global", 3)?;
+                panic!("a job that panics")
+            };
+            if batch {
+                let _ = store.transaction_many(1, |_, tx| write(tx));
+            } else {
+                let _ = store.transaction(write);
+            }
+        }));
+        assert!(panicked.is_err());
+        // A later commit that touches other rows must not write the rolled-back ones.
+        store.transaction(|tx| tx.set_meta("after", "1")).unwrap();
+        assert_eq!(read(&mut store, "n"), Some(5), "batch: {batch}");
+        assert_eq!(in_sql(&path, "n"), Some(5), "batch: {batch}");
+        let slots = store.transaction(|tx| tx.slots_in_use("global")).unwrap();
+        assert_eq!(slots, 0, "batch: {batch}");
+    }
+}
