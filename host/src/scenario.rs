@@ -274,20 +274,19 @@ pub fn default_fixtures() -> PathBuf {
 /// scenario file, then from the working directory), or a test fixture's name, read from
 /// `fixtures`.
 pub fn resolve_policy(spec: &str, base: Option<&Path>, fixtures: &Path) -> Result<Vec<u8>, String> {
-    if builtin::get(spec).is_some() || spec.ends_with(".wasm") {
-        return builtin::resolve(spec, base);
-    }
-    let is_name = !spec.is_empty()
-        && spec.len() <= 64
-        && spec
+    builtin::resolve(spec, base).or_else(|not_found| fixture(spec, fixtures).ok_or(not_found))
+}
+
+/// A test fixture's component by name (lower-case letters, digits and `-`: never a path).
+fn fixture(name: &str, fixtures: &Path) -> Option<Vec<u8>> {
+    let is_name = !name.is_empty()
+        && name.len() <= 64
+        && name
             .bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
-    if is_name {
-        if let Ok(bytes) = std::fs::read(fixtures.join(format!("{spec}.wasm"))) {
-            return Ok(bytes);
-        }
-    }
-    builtin::resolve(spec, base)
+    is_name
+        .then(|| std::fs::read(fixtures.join(format!("{name}.wasm"))).ok())
+        .flatten()
 }
 
 /// Runs scenarios against the engine, each in a fresh in-memory store.

@@ -14,13 +14,8 @@ pub mod server;
 /// A policy component by name: a built-in one, or a test fixture this build made
 /// (`policies/fixtures/`).
 pub fn policy_bytes(name: &str) -> Vec<u8> {
-    match builtin::get(name) {
-        Some(bytes) => bytes.to_vec(),
-        None => {
-            tollgate::scenario::resolve_policy(name, None, &tollgate::scenario::default_fixtures())
-                .unwrap_or_else(|e| panic!("policy {name}: {e}"))
-        }
-    }
+    tollgate::scenario::resolve_policy(name, None, &tollgate::scenario::default_fixtures())
+        .unwrap_or_else(|e| panic!("policy {name}: {e}"))
 }
 
 /// An engine on `store` with a configuration given as JSON and a built-in policy.

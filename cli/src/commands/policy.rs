@@ -1,7 +1,7 @@
 //! `tollgate policy`: list the built-in policies, check a component as activation would,
 //! and swap or roll back the policy of a running server.
 
-use super::{engine_with, EngineArgs};
+use super::engine_with;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use tollgate::runtime::{builtin, Runtime};
@@ -90,12 +90,7 @@ fn check(
     config: Option<PathBuf>,
     verify_with: &[PathBuf],
 ) -> Result<ExitCode, String> {
-    let args = EngineArgs {
-        config,
-        db: None,
-        policy: None,
-    };
-    let file = super::load_config(args.config.as_deref())?;
+    let file = super::load_config(config.as_deref())?;
     let store = SqliteStore::in_memory().map_err(|e| e.to_string())?;
     let engine = engine_with(file.engine, AnyStore::Sqlite(store), "standard")?;
     let bytes = builtin::resolve(policy, None)?;

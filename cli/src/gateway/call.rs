@@ -56,7 +56,7 @@ pub async fn run(s: Shared, call: ChatCall) -> Response {
                     upstream::read_all(response.into_body(), MAX_ANSWER_BYTES),
                 )
                 .await;
-                observe(&s, &call, "upstream", started);
+                observe(&s.metrics.gateway_upstream_seconds, &call, started);
                 let body = match read {
                     Ok(Ok(body)) => body,
                     Ok(Err(e)) => return lost(&s, &call, attempt, &e, levels.as_ref()).await,
@@ -80,7 +80,7 @@ pub async fn run(s: Shared, call: ChatCall) -> Response {
                 status,
                 body,
             } => {
-                observe(&s, &call, "upstream", started);
+                observe(&s.metrics.gateway_upstream_seconds, &call, started);
                 tracing::info!(tenant = %call.tenant, key = %call.key, attempt, kind = refusal.kind, status = status.as_u16(), "upstream refused");
                 let verdict = finish(
                     &s,
@@ -345,12 +345,9 @@ fn count(s: &AppState, call: &ChatCall, outcome: &str) {
         .inc();
 }
 
-fn observe(s: &AppState, call: &ChatCall, what: &str, started: Instant) {
-    let h = match what {
-        "ttft" => &s.metrics.gateway_ttft_seconds,
-        _ => &s.metrics.gateway_upstream_seconds,
-    };
-    h.with_label_values(&[&call.model])
+fn observe(histogram: &prometheus::HistogramVec, call: &ChatCall, started: Instant) {
+    histogram
+        .with_label_values(&[&call.model])
         .observe(started.elapsed().as_secs_f64());
 }
 
@@ -389,7 +386,7 @@ fn stream(
             for event in events {
                 if first {
                     first = false;
-                    observe(&s, &call, "ttft", started);
+                    observe(&s.metrics.gateway_ttft_seconds, &call, started);
                 }
                 done |= event.done;
                 if event.usage.is_some() {
@@ -402,7 +399,7 @@ fn stream(
                 }
             }
         };
-        observe(&s, &call, "upstream", started);
+        observe(&s.metrics.gateway_upstream_seconds, &call, started);
         match failure {
             None if done || usage.is_some() => {
                 finish(&s, &call, attempt, CallResult::Succeeded, usage, None, None).await;
