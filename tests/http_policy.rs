@@ -240,3 +240,118 @@ fn policy_check_verifies_against_scenarios() {
     assert!(!refused.status.success());
     assert!(String::from_utf8_lossy(&refused.stdout).contains("failed against the candidate"));
 }
+
+/// PUTs `bytes` as the shadow policy (with `query`): the status and the answer.
+fn put_shadow(s: &Server, query: &str, bytes: &[u8]) -> (u16, Value) {
+    let answer = ureq::put(&format!("{}/v1/admin/policy/shadow{query}", s.base))
+        .set("Authorization", &format!("Bearer {ADMIN}"))
+        .send_bytes(bytes);
+    let r = match answer {
+        Ok(r) => r,
+        Err(ureq::Error::Status(_, r)) => r,
+        Err(e) => panic!("{e}"),
+    };
+    (
+        r.status(),
+        serde_json::from_str(&r.into_string().unwrap()).unwrap(),
+    )
+}
+
+#[test]
+fn a_shadow_policy_is_counted_on_live_traffic_and_never_changes_an_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path(), &config());
+    let (status, _, none) = s.call("GET", "/v1/admin/policy/shadow", Some(ADMIN), None);
+    assert_eq!(
+        (status, none["reason"].as_str()),
+        (404, Some("no_shadow_policy"))
+    );
+    // Refused candidates change nothing, as for a swap; a caller may not install one.
+    let (status, _) = put_shadow(&s, "", &common::policy_bytes("broken"));
+    assert_eq!(status, 422);
+    let (status, _) = put_shadow(&s, "?sample=2", &common::policy_bytes("deny-all"));
+    assert_eq!(status, 422);
+    let (status, _) = put_shadow(&s, "?smaple=1", &common::policy_bytes("deny-all"));
+    assert_eq!(status, 400);
+    let (status, _, _) = s.call("DELETE", "/v1/admin/policy/shadow", Some(CALLER), None);
+    assert_eq!(status, 403);
+
+    let (status, installed) = put_shadow(&s, "", &common::policy_bytes("deny-all"));
+    assert_eq!(status, 200, "{installed}");
+    assert_eq!(installed["shadow"]["name"], "deny-all");
+    for i in 0..5 {
+        let (status, _, answer) = s.admit(CALLER, request(&format!("k{i}"), "interactive", 10));
+        assert_eq!(
+            (status, answer["outcome"].as_str()),
+            (200, Some("accepted")),
+            "{answer}"
+        );
+        let path = format!("/v1/operations/k{i}/complete");
+        let (status, _, _) = s.call(
+            "POST",
+            &path,
+            Some(CALLER),
+            Some(r#"{"result": "succeeded"}"#),
+        );
+        assert_eq!(status, 200);
+    }
+    // A duplicate asks no policy, live or shadow.
+    let (status, _, _) = s.admit(CALLER, request("k0", "interactive", 10));
+    assert_eq!(status, 200);
+    let (_, _, report) = s.call("GET", "/v1/admin/policy/shadow", Some(ADMIN), None);
+    assert_eq!(report["decisions"], 5, "{report}");
+    assert_eq!(
+        (
+            report["agreements"].as_u64(),
+            report["disagreements"].as_u64()
+        ),
+        (Some(0), Some(5))
+    );
+    assert_eq!(
+        report["by_outcome"],
+        json!([{"active": "accepted", "shadow": "rejected:overloaded", "count": 5}])
+    );
+    let recent = report["recent_disagreements"].as_array().unwrap();
+    assert_eq!(recent.len(), 5);
+    assert_eq!(
+        (recent[4]["key"].as_str(), recent[4]["tenant"].as_str()),
+        (Some("k4"), Some("acme"))
+    );
+    // Only the live decisions spent: five requests from acme's bucket of 100.
+    let (_, _, inspect) = s.call("GET", "/v1/admin/inspect", Some(ADMIN), None);
+    assert_eq!(inspect["buckets"]["tenant.acme.requests"], 95, "{inspect}");
+    let metrics = ureq::get(&format!("{}/metrics", s.base))
+        .call()
+        .unwrap()
+        .into_string()
+        .unwrap();
+    assert!(
+        metrics.contains(
+            "tollgate_shadow_decisions{active=\"accepted\",shadow=\"rejected:overloaded\"} 5"
+        ),
+        "{metrics}"
+    );
+
+    // A shadow that traps: counted as a policy error, the live answer untouched.
+    let (status, _) = put_shadow(&s, "?sample=1", &common::policy_bytes("faulty"));
+    assert_eq!(status, 200);
+    let (status, _, answer) = s.admit(CALLER, request("trap-1", "interactive", 10));
+    assert_eq!(
+        (status, answer["outcome"].as_str()),
+        (200, Some("accepted")),
+        "{answer}"
+    );
+    let (_, _, report) = s.call("GET", "/v1/admin/policy/shadow", Some(ADMIN), None);
+    assert_eq!(
+        report["by_outcome"],
+        json!([{"active": "accepted", "shadow": "rejected:policy_error", "count": 1}]),
+        "{report}"
+    );
+    let (status, _, removed) = s.call("DELETE", "/v1/admin/policy/shadow", Some(ADMIN), None);
+    assert_eq!(
+        (status, removed["removed"]["name"].as_str()),
+        (200, Some("faulty"))
+    );
+    let (status, _, _) = s.call("GET", "/v1/admin/policy/shadow", Some(ADMIN), None);
+    assert_eq!(status, 404);
+}

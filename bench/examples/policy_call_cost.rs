@@ -2,10 +2,11 @@
 //! `cargo run --release -p tollgate-bench --example policy_call_cost` (`N=300000` for more calls, e.g. under
 //! `perf record`)
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
-use tollgate::runtime::{builtin, Decider, DecisionView, Request, Route, Runtime};
+use tollgate::runtime::{
+    builtin, Decider, DecisionView, Params, Priority, Request, Route, Runtime,
+};
 
 fn main() {
     let runtime = Runtime::new().unwrap();
@@ -13,7 +14,7 @@ fn main() {
         .load(builtin::get("standard").unwrap(), u64::MAX)
         .unwrap();
     let native = tollgate_bench::native::NativeStandard::default();
-    let params = Arc::new(BTreeMap::new());
+    let params = Arc::new(Params::default());
     let req = Request {
         tenant: "acme".into(),
         key: "k".into(),
@@ -24,6 +25,9 @@ fn main() {
         deadline_ms: 1_000_000,
         size_bytes: 0,
         attempt: 1,
+        model: None,
+        priority: Priority::Standard,
+        labels: Vec::new(),
     };
     for (name, d) in [
         ("wasm", &wasm as &dyn Decider),

@@ -11,7 +11,7 @@ use tollgate::runtime::{
 
 // The names `standard.rs` imports from its parent module.
 #[allow(unused_imports)]
-use tollgate::runtime::{Failure, GiveUpReason, Route};
+use tollgate::runtime::{Failure, GiveUpReason, LogLevel, Priority, Refusal, RefusalReason, Route};
 
 /// The host imports, served from the decision's view (set for the length of one call).
 /// Every import of the world is here, whether or not the standard rules use it.
@@ -36,8 +36,14 @@ pub mod host {
     }
 
     pub fn param(name: &str) -> Option<f64> {
-        with(|v| v.params.get(name).copied())
+        with(|v| v.params.numbers.get(name).copied())
     }
+
+    pub fn param_string(name: &str) -> Option<String> {
+        with(|v| v.params.strings.get(name).cloned())
+    }
+
+    pub fn log(_level: LogLevel, _message: &str) {}
 
     pub fn tenant_weight() -> u32 {
         with(|v| v.weight)

@@ -67,11 +67,15 @@ fn fill(store: &mut SqliteStore, tenants: u32, jobs: u64) -> Result<(), StoreErr
                 last_result: None,
                 last_retry: None,
                 policy_digest: String::new(),
+                model: None,
+                priority: Default::default(),
+                reserved_cost_microusd: 0,
             };
             tx.put_operation(&op)?;
             tx.enqueue(&QueuedJob {
                 tenant,
                 key,
+                priority: Default::default(),
                 tokens: 20,
                 not_before_ms: 0,
                 expire_at_ms: i64::MAX,
@@ -201,6 +205,9 @@ pub fn admissions(
         size_bytes: 0,
         body_ref: None,
         fingerprint: None,
+        model: None,
+        priority: Default::default(),
+        labels: Default::default(),
     };
     let completion = |i: u64| {
         Completion::succeeded(

@@ -42,7 +42,7 @@ impl CallArena {
     fn start(&self) {
         if self.next.get() == 0 {
             // SAFETY: only the address of the linker-defined symbol is taken.
-            let base = unsafe { core::ptr::addr_of!(__heap_base) } as usize;
+            let base = core::ptr::addr_of!(__heap_base) as usize;
             self.next.set(base);
             self.end.set(wasm32::memory_size(0) * PAGE);
         }

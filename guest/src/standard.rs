@@ -6,8 +6,8 @@
 //! sandbox against the very same rules.
 
 use super::{
-    host, Admission, BucketKind, Failure, FailureReport, GiveUpReason, Plan, Request,
-    RetryDecision, Route, SlotScope,
+    host, Admission, BucketKind, Failure, FailureReport, GiveUpReason, Plan, Priority, Refusal,
+    RefusalReason, Request, RetryDecision, Route, SlotScope,
 };
 use alloc::string::String;
 
@@ -35,6 +35,7 @@ pub struct Params {
     pub degrade_on_token_shortage: bool,
     pub degraded_max_output_tokens: f64,
     pub busy_retry_after_ms: f64,
+    pub shed_sheddable_at_slot_fraction: f64,
 }
 
 impl Params {
@@ -50,6 +51,7 @@ impl Params {
             degrade_on_token_shortage: param_or("degrade_on_token_shortage", 0.0) != 0.0,
             degraded_max_output_tokens: param_or("degraded_max_output_tokens", 256.0),
             busy_retry_after_ms: param_or("busy_retry_after_ms", 1000.0),
+            shed_sheddable_at_slot_fraction: param_or("shed_sheddable_at_slot_fraction", 1.0),
         }
     }
 
@@ -72,6 +74,10 @@ pub fn self_check() -> Result<(), String> {
         ("degrade_at_slot_fraction", p.degrade_at_slot_fraction),
         ("degraded_max_output_tokens", p.degraded_max_output_tokens),
         ("busy_retry_after_ms", p.busy_retry_after_ms),
+        (
+            "shed_sheddable_at_slot_fraction",
+            p.shed_sheddable_at_slot_fraction,
+        ),
     ];
     for (name, value) in fields {
         if !value.is_finite() || value < 0.0 {
@@ -89,13 +95,26 @@ pub fn self_check() -> Result<(), String> {
     Ok(())
 }
 
-/// The standard admission: degrade interactive requests under slot pressure or (when enabled)
-/// token shortage, and estimate the execution time of what is planned.
+/// The standard admission: shed `sheddable` interactive work when global slots in use
+/// reach `shed_sheddable_at_slot_fraction` (below 1), degrade other interactive requests
+/// (never `critical` ones) under slot pressure or (when enabled) token shortage, and
+/// estimate the execution time of what is planned.
 pub fn admit(req: &Request) -> Admission {
     let p = Params::read();
+    if req.route == Route::Interactive
+        && req.priority == Priority::Sheddable
+        && p.shed_sheddable_at_slot_fraction < 1.0
+        && slots_reach(p.shed_sheddable_at_slot_fraction)
+    {
+        return Admission::Refuse(Refusal {
+            reason: RefusalReason::Overloaded,
+            retry_after_ms: Some(to_u64(p.busy_retry_after_ms)),
+        });
+    }
     let reduced = reduce(req, &p);
     let plan_fields = if req.route == Route::Interactive
-        && (slot_pressure(&p)
+        && req.priority != Priority::Critical
+        && (slots_reach(p.degrade_at_slot_fraction)
             || (p.degrade_on_token_shortage && token_shortage_cured(req, reduced)))
     {
         reduced
@@ -116,32 +135,50 @@ fn reduce(req: &Request, p: &Params) -> (u64, u64) {
     (req.max_output_tokens.min(cap), 0)
 }
 
-/// Global slots in use before this admission reach the configured fraction of the limit.
-fn slot_pressure(p: &Params) -> bool {
+/// Global slots in use before this admission reach `fraction` of the limit.
+fn slots_reach(fraction: f64) -> bool {
     match host::slots(SlotScope::Global) {
-        Some(level) => {
-            f64::from(level.in_use) >= p.degrade_at_slot_fraction * f64::from(level.limit)
-        }
+        Some(level) => f64::from(level.in_use) >= fraction * f64::from(level.limit),
         None => false,
     }
 }
 
-/// The full reservation does not fit the token bucket now, but the reduced one would: either
-/// now, or (for a request larger than the bucket can ever hold) once the bucket refills.
+/// The token buckets a request draws on: the tenant's, and its model's shared and the
+/// tenant's own for that model, where configured.
+const TOKEN_BUCKETS: [BucketKind; 3] = [
+    BucketKind::TenantTokens,
+    BucketKind::ModelTokens,
+    BucketKind::TenantModelTokens,
+];
+
+/// The full reservation does not fit some token bucket now, and the reduced one fits every
+/// one: either now, or (for a request larger than a bucket can ever hold) once it refills.
 fn token_shortage_cured(req: &Request, reduced: (u64, u64)) -> bool {
-    let Some(bucket) = host::bucket(BucketKind::TenantTokens) else {
-        return false;
-    };
     let full = reservation(
         req.input_tokens,
         req.optional_context_tokens,
         req.max_output_tokens,
     );
     let small = reservation(req.input_tokens, reduced.1, reduced.0);
-    if small >= full || full <= bucket.available {
+    if small >= full {
         return false;
     }
-    small <= bucket.available || (full > bucket.capacity && small <= bucket.capacity)
+    let mut short = false;
+    for kind in TOKEN_BUCKETS {
+        let Some(bucket) = host::bucket(kind) else {
+            continue;
+        };
+        if full <= bucket.available {
+            continue;
+        }
+        short = true;
+        let cured =
+            small <= bucket.available || (full > bucket.capacity && small <= bucket.capacity);
+        if !cured {
+            return false;
+        }
+    }
+    short
 }
 
 /// The standard retry eligibility of docs/contract.md section 6.

@@ -1,6 +1,7 @@
 //! The engine's vocabulary: requests, operations and the answers the engine gives.
 
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 /// How a request waits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -10,6 +11,59 @@ pub enum Route {
     Interactive,
     /// Queued, then claimed by a worker through dispatch.
     Durable,
+}
+
+/// How important a call is. Durable dispatch serves the bands strictly in this order; the
+/// standard policy sheds `sheddable` interactive work first and never degrades `critical`.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum Priority {
+    /// Served before everything else.
+    Critical,
+    /// What a request without a priority is.
+    #[default]
+    Standard,
+    /// Shed first under pressure.
+    Sheddable,
+}
+
+impl Priority {
+    /// Every band, in the order dispatch serves them.
+    pub const BANDS: [Priority; 3] = [Priority::Critical, Priority::Standard, Priority::Sheddable];
+
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Priority::Critical => "critical",
+            Priority::Standard => "standard",
+            Priority::Sheddable => "sheddable",
+        }
+    }
+
+    /// The band's rank as stored with a queued job (0 is served first).
+    pub fn rank(self) -> i64 {
+        match self {
+            Priority::Critical => 0,
+            Priority::Standard => 1,
+            Priority::Sheddable => 2,
+        }
+    }
+
+    /// From a stored rank; anything unknown reads as standard.
+    pub fn from_rank(rank: i64) -> Self {
+        match rank {
+            0 => Priority::Critical,
+            2 => Priority::Sheddable,
+            _ => Priority::Standard,
+        }
+    }
+
+    /// Whether this is the default (left out of records and fingerprints).
+    pub fn is_standard(&self) -> bool {
+        *self == Priority::Standard
+    }
 }
 
 /// A validated admission request.
@@ -35,6 +89,15 @@ pub struct Request {
     pub body_ref: Option<String>,
     /// The caller's own fingerprint, replacing the computed one.
     pub fingerprint: Option<String>,
+    /// The model the call is for (a name of the `models` section when there is one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// How important the call is.
+    #[serde(default, skip_serializing_if = "Priority::is_standard")]
+    pub priority: Priority,
+    /// The caller's labels, for policies to key rules on.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
 }
 
 /// Where an operation is in its life (docs/contract.md section 2). A `failed` completion
@@ -216,6 +279,19 @@ pub struct Operation {
     pub last_retry: Option<RetryVerdict>,
     /// Content hash of the policy that made the latest decision.
     pub policy_digest: String,
+    /// The model the call is for, whose buckets the reservation touches.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// The dispatch band of a durable job.
+    #[serde(default, skip_serializing_if = "Priority::is_standard")]
+    pub priority: Priority,
+    /// Micro-dollars the current attempt reserved from the tenant's money budget.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub reserved_cost_microusd: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// A `{tenant, key}` pair in dispatch answers.
@@ -279,6 +355,26 @@ pub mod names {
     /// A tenant's token bucket.
     pub fn tenant_tokens(tenant: &str) -> String {
         format!("tenant.{tenant}.tokens")
+    }
+
+    /// A model's shared request bucket.
+    pub fn model_requests(model: &str) -> String {
+        format!("model.{model}.requests")
+    }
+
+    /// A model's shared token bucket.
+    pub fn model_tokens(model: &str) -> String {
+        format!("model.{model}.tokens")
+    }
+
+    /// A tenant's own token budget for one model.
+    pub fn tenant_model_tokens(tenant: &str, model: &str) -> String {
+        format!("tenant.{tenant}.model.{model}.tokens")
+    }
+
+    /// A tenant's money budget, in micro-dollars.
+    pub fn tenant_cost(tenant: &str) -> String {
+        format!("tenant.{tenant}.cost_microusd")
     }
 
     /// A tenant's concurrency scope.

@@ -68,6 +68,12 @@ pub enum Reason {
     DeadlineExceeded,
     /// The key's last call has an unknown outcome, not yet reconciled.
     UnknownOutcomePending,
+    /// The request's model's shared request bucket is short.
+    ModelRate,
+    /// The request's model's shared token bucket, or the tenant's own for that model, is short.
+    ModelTokenBudget,
+    /// The tenant's money budget is short.
+    CostBudget,
 }
 
 impl Reason {
@@ -89,6 +95,9 @@ impl Reason {
             Reason::PolicyError => "policy_error",
             Reason::DeadlineExceeded => "deadline_exceeded",
             Reason::UnknownOutcomePending => "unknown_outcome_pending",
+            Reason::ModelRate => "model_rate",
+            Reason::ModelTokenBudget => "model_token_budget",
+            Reason::CostBudget => "cost_budget",
         }
     }
 
@@ -102,7 +111,10 @@ impl Reason {
             | Reason::TokenBudget
             | Reason::TenantConcurrency
             | Reason::QueueFull
-            | Reason::RetryTooEarly => 429,
+            | Reason::RetryTooEarly
+            | Reason::ModelRate
+            | Reason::ModelTokenBudget
+            | Reason::CostBudget => 429,
             Reason::GlobalRate
             | Reason::GlobalConcurrency
             | Reason::Overloaded

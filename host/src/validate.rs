@@ -4,7 +4,7 @@
 //! or spent.
 
 use crate::config::Config;
-use crate::model::{Request, Route};
+use crate::model::{Priority, Request, Route};
 use crate::reason::Reason;
 use serde::de::value::MapAccessDeserializer;
 use serde::de::{Deserialize, Deserializer, Error as _, MapAccess, Visitor};
@@ -28,7 +28,19 @@ const FIELDS: &[&str] = &[
     "size_bytes",
     "body_ref",
     "fingerprint",
+    "model",
+    "priority",
+    "labels",
 ];
+
+/// Longest model name, in bytes.
+pub const MAX_MODEL_BYTES: usize = 128;
+/// Most labels on one request.
+pub const MAX_LABELS: usize = 16;
+/// Longest label key, in bytes.
+pub const MAX_LABEL_KEY_BYTES: usize = 64;
+/// Longest label value, in bytes.
+pub const MAX_LABEL_VALUE_BYTES: usize = 256;
 
 /// Turns a request object into a [`Request`], or the reason it is refused.
 pub fn request(raw: &Value, config: &Config) -> Result<Request, Reason> {
@@ -57,6 +69,23 @@ pub fn request(raw: &Value, config: &Config) -> Result<Request, Reason> {
     };
     let body_ref = string(obj, "body_ref")?;
     let fingerprint = string(obj, "fingerprint")?;
+    let model = string(obj, "model")?;
+    if let Some(m) = &model {
+        if m.is_empty() || m.len() > MAX_MODEL_BYTES {
+            return Err(Reason::InvalidRequest);
+        }
+        // With a `models` section, a model must be one of it: its budgets are the point.
+        if config.models.as_ref().is_some_and(|ms| !ms.contains_key(m)) {
+            return Err(Reason::InvalidRequest);
+        }
+    }
+    let priority = match string(obj, "priority")?.as_deref() {
+        None | Some("standard") => Priority::Standard,
+        Some("critical") => Priority::Critical,
+        Some("sheddable") => Priority::Sheddable,
+        Some(_) => return Err(Reason::InvalidRequest),
+    };
+    let labels = labels(obj.get("labels"))?;
 
     let key_chars = key.chars().count();
     if !(1..=MAX_KEY_CHARS).contains(&key_chars)
@@ -83,7 +112,33 @@ pub fn request(raw: &Value, config: &Config) -> Result<Request, Reason> {
         size_bytes,
         body_ref,
         fingerprint,
+        model,
+        priority,
+        labels,
     })
+}
+
+/// `labels`: absent, or an object of at most [`MAX_LABELS`] string values with bounded keys
+/// and values.
+fn labels(raw: Option<&Value>) -> Result<std::collections::BTreeMap<String, String>, Reason> {
+    let Some(raw) = raw else {
+        return Ok(Default::default());
+    };
+    let obj = raw.as_object().ok_or(Reason::InvalidRequest)?;
+    if obj.len() > MAX_LABELS {
+        return Err(Reason::InvalidRequest);
+    }
+    obj.iter()
+        .map(|(k, v)| match v {
+            Value::String(v)
+                if (1..=MAX_LABEL_KEY_BYTES).contains(&k.len())
+                    && v.len() <= MAX_LABEL_VALUE_BYTES =>
+            {
+                Ok((k.clone(), v.clone()))
+            }
+            _ => Err(Reason::InvalidRequest),
+        })
+        .collect()
 }
 
 /// Parses a body that must be one JSON object whose member names are all different.
@@ -248,6 +303,54 @@ mod tests {
         let r = request(&base(), &config()).unwrap();
         assert_eq!(r.optional_context_tokens, 0);
         assert_eq!(r.route, Route::Interactive);
+    }
+
+    #[test]
+    fn model_priority_and_labels_are_optional_and_bounded() {
+        let c = config();
+        let r = request(&base(), &c).unwrap();
+        assert_eq!(
+            (r.model, r.priority, r.labels.len()),
+            (None, Priority::Standard, 0)
+        );
+        let mut full = base();
+        full["model"] = json!("gpt-4o");
+        full["priority"] = json!("sheddable");
+        full["labels"] = json!({"tier": "free", "team": "search"});
+        let r = request(&full, &c).unwrap();
+        assert_eq!(r.model.as_deref(), Some("gpt-4o"));
+        assert_eq!(r.priority, Priority::Sheddable);
+        assert_eq!(r.labels["tier"], "free");
+        let many: serde_json::Map<String, Value> =
+            (0..17).map(|i| (format!("k{i}"), json!("v"))).collect();
+        for (field, value) in [
+            ("model", json!("")),
+            ("model", json!("m".repeat(129))),
+            ("model", json!(4)),
+            ("priority", json!("urgent")),
+            ("priority", json!(0)),
+            ("labels", json!(["a", "b"])),
+            ("labels", json!({"a": 1})),
+            ("labels", json!({"": "v"})),
+            ("labels", json!({"k".repeat(65): "v"})),
+            ("labels", json!({"k": "v".repeat(257)})),
+            ("labels", Value::Object(many)),
+        ] {
+            assert_eq!(
+                request(&with(field, value.clone()), &c),
+                Err(Reason::InvalidRequest),
+                "{field}={value}"
+            );
+        }
+        // With a `models` section, a model must be one of it.
+        let c =
+            Config::from_json(&json!({"tenants": {"acme": {}}, "models": {"small": {}}})).unwrap();
+        assert!(request(&with("model", json!("small")), &c).is_ok());
+        assert_eq!(
+            request(&with("model", json!("large")), &c),
+            Err(Reason::InvalidRequest)
+        );
+        assert!(request(&base(), &c).is_ok());
     }
 
     #[test]

@@ -48,10 +48,21 @@ pub fn run(command: Command) -> Result<ExitCode, String> {
             ));
         }
     }
+    let (passed, failed) = run_files(&runner, files, db.as_deref());
+    println!("{passed} passed, {failed} failed");
+    Ok(if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// Runs scenario files, printing each failure, and counts them: `(passed, failed)`.
+pub fn run_files(runner: &Runner, files: Vec<PathBuf>, db: Option<&str>) -> (u32, u32) {
     let (mut passed, mut failed) = (0, 0);
     for (i, file) in files.into_iter().enumerate() {
         let outcome = Scenario::load(&file).and_then(|s| {
-            let mismatches = match &db {
+            let mismatches = match db {
                 Some(url) => {
                     let schema = format!("tollgate_conformance_{}_{i}", std::process::id());
                     let store = PgStore::open_scratch(url, &schema).map_err(|e| {
@@ -80,10 +91,5 @@ pub fn run(command: Command) -> Result<ExitCode, String> {
             }
         }
     }
-    println!("{passed} passed, {failed} failed");
-    Ok(if failed == 0 {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    })
+    (passed, failed)
 }

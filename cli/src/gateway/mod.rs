@@ -266,15 +266,27 @@ async fn read_call(
             }
         },
     };
+    let priority = match headers.get("x-tollgate-priority").map(|v| v.to_str()) {
+        None => "standard",
+        Some(Ok(p @ ("critical" | "standard" | "sheddable"))) => p,
+        Some(_) => {
+            return Err(invalid(
+                "x-tollgate-priority must be critical, standard or sheddable",
+            ))
+        }
+    };
     let deadline_ms = s.clock.now_ms() + timeout_ms as i64;
     let input_tokens = route.counter.prompt(messages, body.get("tools")).max(1);
-    let admission = json!({
+    let mut admission = json!({
         "tenant": tenant, "key": key, "route": "interactive",
         "input_tokens": input_tokens, "max_output_tokens": max_output,
-        "deadline_ms": deadline_ms, "size_bytes": bytes.len(),
+        "deadline_ms": deadline_ms, "size_bytes": bytes.len(), "priority": priority,
         // The same key with another body is a conflict; with the same body, the same call.
         "fingerprint": format!("gateway:{}", sha256_hex(&bytes)),
     });
+    // The same name as the top-level `models` section's: its budgets apply, and policies
+    // see which model a call is for.
+    admission["model"] = json!(model);
     let request = tollgate::validate::request(&admission, s.engine.config()).map_err(|reason| {
         ApiError::new(
             reason.http(),

@@ -57,6 +57,73 @@ pub(super) async fn policy_rollback(
     }
 }
 
+/// `PUT /v1/admin/policy/shadow?sample=F`: the share of live admissions the shadow is asked about.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ShadowQuery {
+    sample: Option<f64>,
+}
+
+pub(super) async fn shadow_put(
+    State(s): State<Shared>,
+    headers: HeaderMap,
+    query: Result<axum::extract::Query<ShadowQuery>, axum::extract::rejection::QueryRejection>,
+    body: Body,
+) -> Result<Response, Refusal> {
+    admin(&s, &headers)?;
+    let sample = query
+        .map_err(|_| refuse(400, "invalid_request"))?
+        .0
+        .sample
+        .unwrap_or(1.0);
+    let bytes = read_body(&headers, body, s.engine.config().max_policy_bytes).await?;
+    let engine = s.engine.clone();
+    let verifier = s.verifier.clone();
+    let result = tokio::task::spawn_blocking(move || {
+        engine.install_shadow(&bytes, verifier.as_ref(), sample)
+    })
+    .await
+    .map_err(|_| refuse(500, "internal"))?;
+    match result {
+        Ok(identity) => {
+            tracing::info!(name = %identity.name, sha256 = %identity.sha256, sample, "shadow policy installed");
+            Ok(axum::Json(json!({"shadow": identity, "sample": sample})).into_response())
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "shadow policy refused");
+            let body =
+                json!({"outcome": "rejected", "reason": "policy_refused", "error": e.to_string()});
+            Ok((StatusCode::UNPROCESSABLE_ENTITY, axum::Json(body)).into_response())
+        }
+    }
+}
+
+pub(super) async fn shadow_get(
+    State(s): State<Shared>,
+    headers: HeaderMap,
+) -> Result<Response, Refusal> {
+    admin(&s, &headers)?;
+    match s.engine.shadow_report() {
+        Some(report) => Ok(axum::Json(json!(report)).into_response()),
+        None => Err(refuse(404, "no_shadow_policy")),
+    }
+}
+
+pub(super) async fn shadow_delete(
+    State(s): State<Shared>,
+    headers: HeaderMap,
+) -> Result<Response, Refusal> {
+    admin(&s, &headers)?;
+    match s.engine.remove_shadow() {
+        Some(identity) => {
+            tracing::info!(name = %identity.name, sha256 = %identity.sha256, "shadow policy removed");
+            s.metrics.shadow.reset();
+            Ok(axum::Json(json!({"removed": identity})).into_response())
+        }
+        None => Err(refuse(404, "no_shadow_policy")),
+    }
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct DownstreamBody {
@@ -157,6 +224,17 @@ pub(super) async fn refresh_levels(s: &AppState) -> Result<(), Refusal> {
                 .queues
                 .with_label_values(&[tenant.as_str()])
                 .set(f64::from(*n));
+        }
+    }
+    s.metrics
+        .log_lines_dropped
+        .set(tollgate::runtime::log_lines_dropped() as i64);
+    if let Some(report) = s.engine.shadow_report() {
+        for pair in &report.by_outcome {
+            s.metrics
+                .shadow
+                .with_label_values(&[pair.active.as_str(), pair.shadow.as_str()])
+                .set(pair.count as f64);
         }
     }
     Ok(())

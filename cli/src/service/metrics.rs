@@ -35,6 +35,10 @@ pub struct Metrics {
     pub gateway_ttft_seconds: HistogramVec,
     /// Tokens the providers reported, by tenant, model and direction (`in`, `out`).
     pub gateway_tokens: IntCounterVec,
+    /// Live admissions the shadow policy was asked about, by both answers.
+    pub shadow: GaugeVec,
+    /// Policy `log` lines dropped over the per-call bound.
+    pub log_lines_dropped: IntGauge,
 }
 
 impl Metrics {
@@ -124,8 +128,20 @@ impl Metrics {
             "Tokens the providers reported, by tenant, model and direction",
             &["tenant", "model", "direction"],
         );
+        let shadow = gauges(
+            "tollgate_shadow_decisions",
+            "Live admissions the shadow policy was asked about, by the active and the shadow answer",
+            &["active", "shadow"],
+        );
+        let log_lines_dropped = IntGauge::new(
+            "tollgate_policy_log_lines_dropped",
+            "Policy log lines dropped over the per-call bound",
+        )
+        .expect("a valid gauge");
         for c in [
             Box::new(decisions.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(shadow.clone()),
+            Box::new(log_lines_dropped.clone()),
             Box::new(gateway_calls.clone()),
             Box::new(gateway_upstream_seconds.clone()),
             Box::new(gateway_ttft_seconds.clone()),
@@ -160,6 +176,8 @@ impl Metrics {
             gateway_upstream_seconds,
             gateway_ttft_seconds,
             gateway_tokens,
+            shadow,
+            log_lines_dropped,
         }
     }
 
@@ -188,7 +206,9 @@ impl Metrics {
 fn names_no_tenant(label: &prometheus::proto::LabelPair) -> bool {
     match label.name() {
         "tenant" => false,
-        "bucket" | "scope" => label.value().starts_with("global"),
+        "bucket" | "scope" => {
+            label.value().starts_with("global") || label.value().starts_with("model.")
+        }
         _ => true,
     }
 }

@@ -126,6 +126,10 @@ pub fn router(state: Shared) -> Router {
         .route("/v1/dispatch", post(dispatch))
         .route("/v1/admin/policy", get(policy_get).put(policy_put))
         .route("/v1/admin/policy/rollback", post(policy_rollback))
+        .route(
+            "/v1/admin/policy/shadow",
+            get(shadow_get).put(shadow_put).delete(shadow_delete),
+        )
         .route("/v1/admin/downstream", post(downstream))
         .route("/v1/admin/inspect", get(inspect))
         .route("/healthz", get(|| async { "ok\n" }))

@@ -103,6 +103,24 @@ impl ConfigFile {
         };
         let engine =
             Config::from_json(&serde_json::Value::Object(obj)).map_err(|e| e.to_string())?;
+        // One model name means one model: the gateway's routes and the `models` budgets.
+        if let (Some(g), Some(models)) = (&gateway, &engine.models) {
+            if let Some(m) = g.models.keys().find(|m| !models.contains_key(*m)) {
+                return Err(format!(
+                    "gateway.models.{m}: not a model of the `models` section (list it there, with {{}} for no limits)"
+                ));
+            }
+        }
+        if let Some(m) = gateway
+            .iter()
+            .flat_map(|g| g.models.keys())
+            .find(|m| m.len() > crate::validate::MAX_MODEL_BYTES)
+        {
+            return Err(format!(
+                "gateway.models: {m:?} is over {} bytes",
+                crate::validate::MAX_MODEL_BYTES
+            ));
+        }
         let mut keys = HashMap::new();
         let mut add = |key: String, role: Role| -> Result<(), String> {
             if key.is_empty() {
@@ -192,6 +210,21 @@ mod tests {
         );
         assert!(twice.is_err());
         assert!(ConfigFile::from_json(&json!({"auth": {"callerz": {}}})).is_err());
+    }
+
+    #[test]
+    fn the_gateway_and_the_models_section_name_the_same_models() {
+        let gateway = json!({
+            "upstreams": {"local": {"base_url": "http://127.0.0.1:9000/v1", "api_key_env": "K"}},
+            "models": {"gpt-4o-mini": {"upstream": "local", "tokenizer": "o200k_base"}}
+        });
+        // Without a `models` section, any gateway model.
+        assert!(ConfigFile::from_json(&json!({"gateway": gateway})).is_ok());
+        let listed = json!({"gateway": gateway, "models": {"gpt-4o-mini": {}}});
+        assert!(ConfigFile::from_json(&listed).is_ok());
+        let missing = json!({"gateway": gateway, "models": {"gpt-4o": {}}});
+        let err = ConfigFile::from_json(&missing).unwrap_err();
+        assert!(err.contains("gateway.models.gpt-4o-mini"), "{err}");
     }
 
     #[test]

@@ -75,6 +75,54 @@ pub(crate) struct TenantOverlay {
     pub(crate) queue_limit: Option<u32>,
     #[serde(default)]
     pub(crate) weight: Option<u32>,
+    /// The tenant's own token budgets per model (names of the `models` section).
+    #[serde(default)]
+    pub(crate) models: Option<BTreeMap<String, TenantModelInput>>,
+    /// The tenant's money budget, in micro-dollars.
+    #[serde(default)]
+    pub(crate) cost_microusd: Option<BucketConfig>,
+}
+
+/// A tenant's budget for one model.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct TenantModelInput {
+    #[serde(default)]
+    pub(crate) tokens: Option<BucketConfig>,
+}
+
+/// One entry of the `models` section: a provider's limits for one model, and its price.
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    /// The model's shared request bucket (a provider's requests per minute, say).
+    #[serde(default)]
+    pub requests: Option<BucketConfig>,
+    /// The model's shared token bucket (a provider's tokens per minute, say).
+    #[serde(default)]
+    pub tokens: Option<BucketConfig>,
+    /// Micro-dollars per token, for the tenants' money budgets.
+    #[serde(default)]
+    pub price_microusd_per_token: Option<Price>,
+}
+
+/// Micro-dollars per input and per output token.
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Price {
+    /// Per prompt (and optional context) token.
+    pub input: f64,
+    /// Per output token.
+    pub output: f64,
+}
+
+impl Price {
+    /// Micro-dollars a call of this size may cost at most, rounded up.
+    pub fn cost(&self, input_tokens: u64, output_tokens: u64) -> u64 {
+        let cost = input_tokens as f64 * self.input + output_tokens as f64 * self.output;
+        // Prices are checked finite and bounded, token counts below 2^53: no overflow.
+        cost.ceil().min(u64::MAX as f64) as u64
+    }
 }
 
 fn explicit_option<'de, D: serde::Deserializer<'de>>(
@@ -110,6 +158,7 @@ pub(crate) struct ConfigInput {
     pub(crate) limits: LimitsInput,
     pub(crate) scheduler: SchedulerInput,
     pub(crate) policy_params: BTreeMap<String, serde_json::Value>,
+    pub(crate) models: Option<BTreeMap<String, ModelConfig>>,
 }
 
 /// How dispatch shares claims between tenants.
@@ -135,6 +184,10 @@ pub struct TenantConfig {
     pub queue_limit: u32,
     /// The tenant's share in dispatch.
     pub weight: u32,
+    /// The tenant's own token budget per model.
+    pub models: BTreeMap<String, BucketConfig>,
+    /// The tenant's money budget in micro-dollars (`None`: no money limit).
+    pub cost_microusd: Option<BucketConfig>,
 }
 
 /// The effective configuration, every default applied and every value checked.
@@ -162,6 +215,10 @@ pub struct Config {
     pub max_claims_per_worker: u32,
     /// Policy parameters as numbers (booleans as 0 and 1), defaults included.
     pub policy_params: BTreeMap<String, f64>,
+    /// Policy parameters given as strings.
+    pub policy_strings: BTreeMap<String, String>,
+    /// The `models` section (`None`: requests may name any model, and no model has limits).
+    pub models: Option<BTreeMap<String, ModelConfig>>,
 }
 
 /// The `policy_params` of docs/configuration.md, which every configuration starts from.
@@ -175,6 +232,7 @@ pub const DEFAULT_POLICY_PARAMS: &[(&str, f64)] = &[
     ("degrade_on_token_shortage", 0.0),
     ("degraded_max_output_tokens", 256.0),
     ("busy_retry_after_ms", 1000.0),
+    ("shed_sheddable_at_slot_fraction", 1.0),
 ];
 
 impl Config {
@@ -198,6 +256,8 @@ impl Config {
             concurrency: None,
             queue_limit: 8,
             weight: 1,
+            models: BTreeMap::new(),
+            cost_microusd: None,
         };
         let defaults = overlay(&base_tenant, &input.tenant_defaults);
         let mut tenants = BTreeMap::new();
@@ -213,6 +273,7 @@ impl Config {
             .iter()
             .map(|(k, v)| (k.to_string(), *v))
             .collect();
+        let mut policy_strings = BTreeMap::new();
         for (name, value) in &input.policy_params {
             if name.len() > crate::runtime::MAX_PARAM_NAME_BYTES {
                 return Err(ConfigError(format!(
@@ -223,9 +284,26 @@ impl Config {
             let number = match value {
                 serde_json::Value::Bool(b) => f64::from(u8::from(*b)),
                 serde_json::Value::Number(n) => n.as_f64().unwrap_or(f64::NAN),
+                // The documented parameters are numbers: "3" there is a mistake, not a string.
+                serde_json::Value::String(text)
+                    if !DEFAULT_POLICY_PARAMS.iter().any(|(n, _)| n == name) =>
+                {
+                    if text.len() > MAX_STRING_PARAM_BYTES {
+                        return Err(ConfigError(format!(
+                            "policy_params.{name} is over {MAX_STRING_PARAM_BYTES} bytes"
+                        )));
+                    }
+                    policy_strings.insert(name.clone(), text.clone());
+                    continue;
+                }
                 _ => {
                     return Err(ConfigError(format!(
-                        "policy_params.{name} must be a number or a boolean"
+                        "policy_params.{name} must be a number or a boolean{}",
+                        if DEFAULT_POLICY_PARAMS.iter().any(|(n, _)| n == name) {
+                            ""
+                        } else {
+                            " or a string"
+                        }
                     )))
                 }
             };
@@ -249,6 +327,8 @@ impl Config {
             quantum_tokens: input.scheduler.quantum_tokens.unwrap_or(1000),
             max_claims_per_worker: input.scheduler.max_claims_per_worker.unwrap_or(4),
             policy_params,
+            policy_strings,
+            models: input.models.clone(),
         };
         config.check()?;
         Ok(config)
@@ -256,9 +336,40 @@ impl Config {
 
     fn check(&self) -> Result<(), ConfigError> {
         let mut buckets = vec![(names::GLOBAL_REQUESTS.to_string(), self.global_requests)];
+        for (model, m) in self.models.iter().flatten() {
+            if model.is_empty() || model.len() > crate::validate::MAX_MODEL_BYTES {
+                return Err(ConfigError(format!(
+                    "model name {model:?} must be 1 to {} bytes",
+                    crate::validate::MAX_MODEL_BYTES
+                )));
+            }
+            buckets.extend(m.requests.map(|b| (names::model_requests(model), b)));
+            buckets.extend(m.tokens.map(|b| (names::model_tokens(model), b)));
+            if let Some(p) = m.price_microusd_per_token {
+                let ok = |x: f64| x.is_finite() && (0.0..=1e6).contains(&x);
+                if !ok(p.input) || !ok(p.output) {
+                    return Err(ConfigError(format!(
+                        "models.{model}.price_microusd_per_token: input and output must be numbers from 0 to 1e6"
+                    )));
+                }
+            }
+        }
         for (name, t) in &self.tenants {
             buckets.push((names::tenant_requests(name), t.requests));
             buckets.push((names::tenant_tokens(name), t.tokens));
+            for (model, b) in &t.models {
+                if !self
+                    .models
+                    .as_ref()
+                    .is_some_and(|ms| ms.contains_key(model))
+                {
+                    return Err(ConfigError(format!(
+                        "tenants.{name}.models.{model}: not a model of the `models` section"
+                    )));
+                }
+                buckets.push((names::tenant_model_tokens(name, model), *b));
+            }
+            buckets.extend(t.cost_microusd.map(|b| (names::tenant_cost(name), b)));
             if t.weight == 0 {
                 return Err(ConfigError(format!(
                     "tenants.{name}.weight must be at least 1"
@@ -297,6 +408,11 @@ impl Config {
         self.tenants.get(name)
     }
 
+    /// A model of the `models` section.
+    pub fn model(&self, name: &str) -> Option<&ModelConfig> {
+        self.models.as_ref()?.get(name)
+    }
+
     /// A `policy_params` value (booleans read as 1 or 0).
     pub fn param(&self, name: &str) -> Option<f64> {
         self.policy_params.get(name).copied()
@@ -310,8 +426,19 @@ fn overlay(base: &TenantConfig, o: &TenantOverlay) -> TenantConfig {
         concurrency: o.concurrency.unwrap_or(base.concurrency),
         queue_limit: o.queue_limit.unwrap_or(base.queue_limit),
         weight: o.weight.unwrap_or(base.weight),
+        models: match &o.models {
+            Some(ms) => ms
+                .iter()
+                .filter_map(|(m, b)| b.tokens.map(|t| (m.clone(), t)))
+                .collect(),
+            None => base.models.clone(),
+        },
+        cost_microusd: o.cost_microusd.or(base.cost_microusd),
     }
 }
+
+/// Longest string `policy_params` value, in bytes.
+pub const MAX_STRING_PARAM_BYTES: usize = 4096;
 
 #[cfg(test)]
 mod tests {
@@ -346,11 +473,52 @@ mod tests {
         let with = |params| Config::from_json(&json!({ "policy_params": params }));
         let c = with(json!({"on": true, "k": 2.5})).unwrap();
         assert_eq!((c.param("on"), c.param("k")), (Some(1.0), Some(2.5)));
-        assert!(with(json!({"k": "2"})).is_err());
+        // Strings are string parameters, except for the documented numeric ones.
+        let c = with(json!({"tier": "gold"})).unwrap();
+        assert_eq!(c.policy_strings["tier"], "gold");
+        assert!(with(json!({"max_attempts": "2"})).is_err());
+        assert!(with(json!({"k": "x".repeat(MAX_STRING_PARAM_BYTES + 1)})).is_err());
+        assert!(with(json!({"k": ["a"]})).is_err());
         let longest = "n".repeat(crate::runtime::MAX_PARAM_NAME_BYTES);
         assert!(with(json!({ longest.clone(): 1 })).is_ok());
         let err = with(json!({ format!("{longest}n"): 1 })).unwrap_err();
         assert!(err.to_string().contains("at most 256 bytes"), "{err}");
+    }
+
+    #[test]
+    fn models_and_money_budgets_are_checked() {
+        let c = Config::from_json(&json!({
+            "models": {"gpt-4o": {"requests": {"capacity": 10, "refill_per_s": 1},
+                                   "price_microusd_per_token": {"input": 2.5, "output": 10}},
+                       "small": {}},
+            "tenant_defaults": {"cost_microusd": {"capacity": 1000000, "refill_per_s": 0}},
+            "tenants": {"acme": {"models": {"gpt-4o": {"tokens": {"capacity": 500, "refill_per_s": 5}}}},
+                        "b": {}}
+        }))
+        .unwrap();
+        assert_eq!(c.model("small"), Some(&ModelConfig::default()));
+        assert_eq!(c.tenant("acme").unwrap().models["gpt-4o"].capacity, 500.0);
+        assert!(c.tenant("b").unwrap().models.is_empty());
+        assert_eq!(c.tenant("b").unwrap().cost_microusd.unwrap().capacity, 1e6);
+        let price = c.model("gpt-4o").unwrap().price_microusd_per_token.unwrap();
+        assert_eq!(price.cost(3, 1), 18);
+        assert_eq!(
+            Price {
+                input: 0.15,
+                output: 0.6
+            }
+            .cost(10, 1),
+            3
+        );
+        for bad in [
+            json!({"tenants": {"a": {"models": {"nope": {"tokens": {"capacity": 1, "refill_per_s": 1}}}}}}),
+            json!({"models": {"m": {"tokens": {"capacity": -1, "refill_per_s": 1}}}}),
+            json!({"models": {"m": {"price_microusd_per_token": {"input": -1, "output": 1}}}}),
+            json!({"models": {"m": {"rpm": 3}}}),
+            json!({"models": {"": {}}}),
+        ] {
+            assert!(Config::from_json(&bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

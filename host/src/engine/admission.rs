@@ -71,6 +71,21 @@ impl Decision {
         }
     }
 
+    /// An answer of `outcome` with nothing else known (what a shadow would have answered).
+    pub(super) fn plain(outcome: Outcome) -> Self {
+        Decision {
+            outcome,
+            http: outcome_http(outcome),
+            ..Decision::rejected(Reason::InvalidRequest, None)
+        }
+        .without_reason()
+    }
+
+    fn without_reason(mut self) -> Self {
+        self.reason = None;
+        self
+    }
+
     fn refused(r: Refusal) -> Self {
         Self::rejected(r.reason, r.retry_after_ms)
     }
@@ -105,7 +120,7 @@ pub(crate) fn fingerprint(req: &Request) -> String {
         return format!("caller:{f}");
     }
     // A JSON array, compact: the same text as `json!([...]).to_string()`, without the tree.
-    let canonical = serde_json::to_vec(&(
+    let mut canonical = serde_json::to_vec(&(
         req.route,
         req.input_tokens,
         req.optional_context_tokens,
@@ -113,7 +128,34 @@ pub(crate) fn fingerprint(req: &Request) -> String {
         &req.body_ref,
     ))
     .unwrap_or_default();
+    // Model, priority and labels follow only when one is given, so the fingerprint of a
+    // request without them is the text operations stored before they existed compare with.
+    if req.model.is_some() || !req.priority.is_standard() || !req.labels.is_empty() {
+        #[derive(Serialize)]
+        struct Extra<'a> {
+            model: &'a Option<String>,
+            priority: crate::model::Priority,
+            labels: &'a std::collections::BTreeMap<String, String>,
+        }
+        let extra = Extra {
+            model: &req.model,
+            priority: req.priority,
+            labels: &req.labels,
+        };
+        canonical.extend_from_slice(&serde_json::to_vec(&extra).unwrap_or_default());
+    }
     format!("sha256:{}", runtime::hex(&Sha256::digest(&canonical)))
+}
+
+/// A fresh admission the policy planned and the host's checks passed, not yet written.
+pub(super) struct Planned {
+    max_output: u64,
+    optional_context: u64,
+    degraded: bool,
+    reserved: u64,
+    cost: u64,
+    estimated_exec_ms: u64,
+    reservation: super::budgets::Reservation,
 }
 
 /// What step 2 found: a final answer, or the attempt a fresh admission would start.
@@ -162,7 +204,14 @@ impl<S: Store> Engine<S> {
         }
 
         let digest = policy.digest().to_string();
-        let view = self.view(tx, &req.tenant, &req.key, attempt, now_ms)?;
+        let view = self.view(
+            tx,
+            &req.tenant,
+            req.model.as_deref(),
+            &req.key,
+            attempt,
+            now_ms,
+        )?;
         let guest_req = runtime::Request {
             tenant: req.tenant.clone(),
             key: req.key.clone(),
@@ -173,80 +222,38 @@ impl<S: Store> Engine<S> {
             deadline_ms,
             size_bytes: req.size_bytes,
             attempt,
+            model: req.model.clone(),
+            priority: super::wit_priority(req.priority),
+            labels: req
+                .labels
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
         };
-        let with_policy = |mut d: Decision| {
-            d.policy = Some(digest.clone());
-            d
-        };
-        let plan = match policy.admit(view, &guest_req) {
-            Err(_fault) => return Ok(with_policy(Decision::rejected(Reason::PolicyError, None))),
-            Ok(Admission::Refuse(r)) => {
-                let reason = refusal_reason(r.reason);
-                let retry_after = if reason == Reason::TooLarge {
-                    None
-                } else {
-                    r.retry_after_ms.map(bounded_estimate)
-                };
-                return Ok(with_policy(Decision::rejected(reason, retry_after)));
-            }
-            Ok(Admission::Admit(mut plan)) => {
-                plan.busy_retry_after_ms = plan.busy_retry_after_ms.map(bounded_estimate);
-                plan
+        // The shadow decides from the same snapshot, before anything is written.
+        let shadow_view = self.has_shadow().then(|| view.clone());
+        let planned = match self.judge(tx, policy, req, &guest_req, view, now_ms)? {
+            Ok(p) => p,
+            Err(refused) => {
+                self.shadow_decision(tx, req, &guest_req, shadow_view, &refused, now_ms);
+                return Ok(refused);
             }
         };
-        // A plan may reduce the request, never raise it; durable work is never degraded.
-        let plan_ok = plan.max_output_tokens >= 1
-            && plan.max_output_tokens <= req.max_output_tokens
-            && plan.optional_context_tokens <= req.optional_context_tokens;
-        if !plan_ok {
-            return Ok(with_policy(Decision::rejected(Reason::PolicyError, None)));
-        }
-        let (max_output, optional_context) = match req.route {
-            Route::Interactive => (plan.max_output_tokens, plan.optional_context_tokens),
-            Route::Durable => (req.max_output_tokens, req.optional_context_tokens),
+        let accepted = match req.route {
+            Route::Interactive => Outcome::Accepted,
+            Route::Durable => Outcome::Queued,
         };
-        let degraded =
-            max_output < req.max_output_tokens || optional_context < req.optional_context_tokens;
-
-        if i128::from(now_ms) + i128::from(plan.estimated_exec_ms) >= i128::from(deadline_ms) {
-            return Ok(with_policy(Decision::rejected(
-                Reason::DeadlineExceeded,
-                None,
-            )));
-        }
-        let reserved = req.input_tokens + optional_context + max_output;
-        let tenant = self.config.tenant(&req.tenant).expect("validated tenant");
-        let budgets = Budgets::for_tenant(&self.config, &req.tenant, tenant);
-        if budgets.tenant_tokens.never_fits(reserved) {
-            return Ok(with_policy(Decision::rejected(Reason::TooLarge, None)));
-        }
-
-        let needs = match req.route {
-            Route::Interactive => Needs {
-                requests: true,
-                tokens: reserved,
-                slots: true,
-                busy_retry_after_ms: plan.busy_retry_after_ms,
-            },
-            Route::Durable => Needs {
-                requests: true,
-                tokens: 0,
-                slots: false,
-                busy_retry_after_ms: None,
-            },
-        };
-        let reservation = match budgets.check(tx, now_ms, &needs)? {
-            Ok(r) => r,
-            Err(r) => return Ok(with_policy(Decision::refused(r))),
-        };
-        // Durable: the queue bound comes after the request buckets (docs/contract.md section 4, step 7).
-        if req.route == Route::Durable && tx.queue_depth(&req.tenant)? >= tenant.queue_limit {
-            let full = Refusal {
-                reason: Reason::QueueFull,
-                retry_after_ms: plan.busy_retry_after_ms,
-            };
-            return Ok(with_policy(Decision::refused(full)));
-        }
+        let live = Decision::plain(accepted);
+        self.shadow_decision(tx, req, &guest_req, shadow_view, &live, now_ms);
+        let Planned {
+            max_output,
+            optional_context,
+            degraded,
+            reserved,
+            cost,
+            estimated_exec_ms,
+            reservation,
+        } = planned;
         let taken = reservation.apply(tx)?;
 
         let state = match req.route {
@@ -265,7 +272,7 @@ impl<S: Store> Engine<S> {
             max_output_tokens: max_output,
             optional_context_tokens: optional_context,
             reserved_tokens: reserved,
-            estimated_exec_ms: plan.estimated_exec_ms,
+            estimated_exec_ms,
             degraded,
             body_ref: req.body_ref.clone(),
             holds_slot: taken.global_slot,
@@ -277,14 +284,22 @@ impl<S: Store> Engine<S> {
             last_result: None,
             last_retry: None,
             policy_digest: digest.clone(),
+            model: req.model.clone(),
+            priority: req.priority,
+            reserved_cost_microusd: if req.route == Route::Interactive {
+                cost
+            } else {
+                0
+            },
         };
         if req.route == Route::Durable {
             tx.enqueue(&QueuedJob {
                 tenant: op.tenant.clone(),
                 key: op.key.clone(),
+                priority: req.priority,
                 tokens: reserved,
                 not_before_ms: now_ms,
-                expire_at_ms: expire_at(deadline_ms, plan.estimated_exec_ms),
+                expire_at_ms: expire_at(deadline_ms, estimated_exec_ms),
             })?;
         }
         tx.put_operation(&op)?;
@@ -293,6 +308,115 @@ impl<S: Store> Engine<S> {
             Route::Durable => Outcome::Queued,
         };
         Ok(Decision::about(outcome, &op))
+    }
+
+    /// What `policy` and the host's checks make of a fresh admission, reading `tx` but
+    /// writing nothing: the plan with its checked reservation, or the refusal. The active
+    /// policy's verdict is then carried out; a shadow's is only counted.
+    pub(super) fn judge(
+        &self,
+        tx: &mut dyn Tx,
+        policy: &dyn Decider,
+        req: &Request,
+        guest_req: &runtime::Request,
+        view: crate::runtime::DecisionView,
+        now_ms: i64,
+    ) -> Result<Result<Planned, Decision>, StoreError> {
+        let digest = policy.digest().to_string();
+        let deadline_ms = guest_req.deadline_ms;
+        let with_policy = |mut d: Decision| {
+            d.policy = Some(digest.clone());
+            d
+        };
+        let plan = match policy.admit(view, guest_req) {
+            Err(_fault) => {
+                return Ok(Err(with_policy(Decision::rejected(
+                    Reason::PolicyError,
+                    None,
+                ))))
+            }
+            Ok(Admission::Refuse(r)) => {
+                let reason = refusal_reason(r.reason);
+                let retry_after = if reason == Reason::TooLarge {
+                    None
+                } else {
+                    r.retry_after_ms.map(bounded_estimate)
+                };
+                return Ok(Err(with_policy(Decision::rejected(reason, retry_after))));
+            }
+            Ok(Admission::Admit(mut plan)) => {
+                plan.busy_retry_after_ms = plan.busy_retry_after_ms.map(bounded_estimate);
+                plan
+            }
+        };
+        // A plan may reduce the request, never raise it; durable work is never degraded.
+        let plan_ok = plan.max_output_tokens >= 1
+            && plan.max_output_tokens <= req.max_output_tokens
+            && plan.optional_context_tokens <= req.optional_context_tokens;
+        if !plan_ok {
+            return Ok(Err(with_policy(Decision::rejected(
+                Reason::PolicyError,
+                None,
+            ))));
+        }
+        let (max_output, optional_context) = match req.route {
+            Route::Interactive => (plan.max_output_tokens, plan.optional_context_tokens),
+            Route::Durable => (req.max_output_tokens, req.optional_context_tokens),
+        };
+        let degraded =
+            max_output < req.max_output_tokens || optional_context < req.optional_context_tokens;
+
+        if i128::from(now_ms) + i128::from(plan.estimated_exec_ms) >= i128::from(deadline_ms) {
+            return Ok(Err(with_policy(Decision::rejected(
+                Reason::DeadlineExceeded,
+                None,
+            ))));
+        }
+        let reserved = req.input_tokens + optional_context + max_output;
+        let tenant = self.config.tenant(&req.tenant).expect("validated tenant");
+        let budgets = Budgets::for_request(&self.config, &req.tenant, tenant, req.model.as_deref());
+        if budgets.token_buckets().any(|b| b.never_fits(reserved)) {
+            return Ok(Err(with_policy(Decision::rejected(Reason::TooLarge, None))));
+        }
+        let cost = budgets.cost(req.input_tokens + optional_context, max_output);
+
+        let needs = match req.route {
+            Route::Interactive => Needs {
+                requests: true,
+                tokens: reserved,
+                cost_microusd: cost,
+                slots: true,
+                busy_retry_after_ms: plan.busy_retry_after_ms,
+            },
+            Route::Durable => Needs {
+                requests: true,
+                tokens: 0,
+                cost_microusd: 0,
+                slots: false,
+                busy_retry_after_ms: None,
+            },
+        };
+        let reservation = match budgets.check(tx, now_ms, &needs)? {
+            Ok(r) => r,
+            Err(r) => return Ok(Err(with_policy(Decision::refused(r)))),
+        };
+        // Durable: the queue bound comes after the request buckets (docs/contract.md section 4, step 7).
+        if req.route == Route::Durable && tx.queue_depth(&req.tenant)? >= tenant.queue_limit {
+            let full = Refusal {
+                reason: Reason::QueueFull,
+                retry_after_ms: plan.busy_retry_after_ms,
+            };
+            return Ok(Err(with_policy(Decision::refused(full))));
+        }
+        Ok(Ok(Planned {
+            max_output,
+            optional_context,
+            degraded,
+            reserved,
+            cost,
+            estimated_exec_ms: plan.estimated_exec_ms,
+            reservation,
+        }))
     }
 }
 
@@ -371,6 +495,9 @@ fn refusal_reason(r: RefusalReason) -> Reason {
         RefusalReason::GlobalConcurrency => Reason::GlobalConcurrency,
         RefusalReason::QueueFull => Reason::QueueFull,
         RefusalReason::DownstreamUnavailable => Reason::DownstreamUnavailable,
+        RefusalReason::ModelRate => Reason::ModelRate,
+        RefusalReason::ModelTokenBudget => Reason::ModelTokenBudget,
+        RefusalReason::CostBudget => Reason::CostBudget,
     }
 }
 
@@ -390,6 +517,9 @@ mod tests {
             size_bytes: 0,
             body_ref: body_ref.map(String::from),
             fingerprint: fingerprint.map(String::from),
+            model: None,
+            priority: crate::model::Priority::Standard,
+            labels: Default::default(),
         }
     }
 
@@ -413,5 +543,18 @@ mod tests {
             fingerprint(&request(None, Some("abc"))),
             "caller:abc".to_string()
         );
+        // Model, priority and labels make another request; saying "standard" does not.
+        let plain = fingerprint(&request(Some("blob/1"), None));
+        let mut r = request(Some("blob/1"), None);
+        r.priority = crate::model::Priority::Standard;
+        assert_eq!(fingerprint(&r), plain);
+        r.model = Some("gpt-4o".into());
+        let with_model = fingerprint(&r);
+        assert_ne!(with_model, plain);
+        r.priority = crate::model::Priority::Sheddable;
+        assert_ne!(fingerprint(&r), with_model);
+        let mut l = request(Some("blob/1"), None);
+        l.labels.insert("tier".into(), "free".into());
+        assert_ne!(fingerprint(&l), plain);
     }
 }

@@ -1,7 +1,7 @@
 //! The budgets one reservation touches, checked together and spent together.
 
 use crate::bucket::{self, Limits, Shortage};
-use crate::config::{Config, TenantConfig};
+use crate::config::{Config, Price, TenantConfig};
 use crate::model::names;
 use crate::reason::Reason;
 use crate::runtime::{BucketLevel, SlotLevel};
@@ -76,8 +76,10 @@ pub(crate) struct Refusal {
 pub(crate) struct Needs {
     /// One credit from the tenant and the global request buckets.
     pub requests: bool,
-    /// Tokens from the tenant token bucket.
+    /// Tokens from the tenant token bucket (and the model's token buckets).
     pub tokens: u64,
+    /// Micro-dollars from the tenant's money budget (0 when the call is not priced).
+    pub cost_microusd: u64,
     /// A global slot, and a tenant slot when the tenant has a limit.
     pub slots: bool,
     /// The retry-after for slot refusals (the policy's estimate).
@@ -113,11 +115,17 @@ impl Reservation {
     }
 }
 
-/// Every budget of one tenant.
+/// Every budget of one tenant's request (for one model, when it names one).
 pub(crate) struct Budgets {
     pub tenant_requests: BucketRef,
     pub global_requests: BucketRef,
     pub tenant_tokens: BucketRef,
+    pub model_requests: Option<BucketRef>,
+    pub model_tokens: Option<BucketRef>,
+    pub tenant_model_tokens: Option<BucketRef>,
+    /// The tenant's money budget, when both it and the model's price are configured.
+    pub tenant_cost: Option<BucketRef>,
+    pub price: Option<Price>,
     pub tenant_slots: Option<SlotRef>,
     pub global_slots: SlotRef,
 }
@@ -144,11 +152,48 @@ impl Budgets {
         }
     }
 
-    pub fn for_tenant(config: &Config, name: &str, t: &TenantConfig) -> Self {
+    /// A model's budgets, as [`Budgets::for_request`] reads them.
+    fn model_buckets(
+        config: &Config,
+        name: &str,
+        t: &TenantConfig,
+        model: Option<&str>,
+    ) -> ModelBuckets {
+        let Some((model, m)) = model.and_then(|m| Some((m, config.model(m)?))) else {
+            return ModelBuckets::default();
+        };
+        let bucket = |name: String, b: &crate::config::BucketConfig| BucketRef {
+            name,
+            limits: b.limits(),
+        };
+        let price = m.price_microusd_per_token;
+        ModelBuckets {
+            requests: m.requests.map(|b| bucket(names::model_requests(model), &b)),
+            tokens: m.tokens.map(|b| bucket(names::model_tokens(model), &b)),
+            tenant_tokens: t
+                .models
+                .get(model)
+                .map(|b| bucket(names::tenant_model_tokens(name, model), b)),
+            cost: t
+                .cost_microusd
+                .filter(|_| price.is_some())
+                .map(|b| bucket(names::tenant_cost(name), &b)),
+            price,
+        }
+    }
+
+    /// The budgets of a request of tenant `name` for `model` (none: the tenant's own).
+    pub fn for_request(config: &Config, name: &str, t: &TenantConfig, model: Option<&str>) -> Self {
+        let m = Self::model_buckets(config, name, t, model);
         Budgets {
             tenant_requests: Self::tenant_requests(name, t),
             global_requests: Self::global_requests(config),
             tenant_tokens: Self::tenant_tokens(name, t),
+            model_requests: m.requests,
+            model_tokens: m.tokens,
+            tenant_model_tokens: m.tenant_tokens,
+            tenant_cost: m.cost,
+            price: m.price,
             tenant_slots: t.concurrency.map(|limit| SlotRef {
                 scope: names::tenant_slots(name),
                 limit,
@@ -158,6 +203,41 @@ impl Budgets {
                 limit: config.global_concurrency,
             },
         }
+    }
+
+    /// Every token bucket a reservation of tokens draws on.
+    pub fn token_buckets(&self) -> impl Iterator<Item = &BucketRef> {
+        std::iter::once(&self.tenant_tokens)
+            .chain(self.model_tokens.iter())
+            .chain(self.tenant_model_tokens.iter())
+    }
+
+    /// Micro-dollars a call of this size reserves from the money budget (0: none).
+    pub fn cost(&self, input_and_context: u64, max_output: u64) -> u64 {
+        match (&self.tenant_cost, self.price) {
+            (Some(_), Some(p)) => p.cost(input_and_context, max_output),
+            _ => 0,
+        }
+    }
+
+    /// Returns unused tokens to every token bucket and unused micro-dollars to the money
+    /// budget, never above capacity.
+    pub fn refund(
+        &self,
+        tx: &mut dyn Tx,
+        tokens: u64,
+        cost_microusd: u64,
+        now_ms: i64,
+    ) -> Result<(), StoreError> {
+        if tokens > 0 {
+            for b in self.token_buckets() {
+                b.refund(tx, tokens, now_ms)?;
+            }
+        }
+        if let (Some(b), true) = (&self.tenant_cost, cost_microusd > 0) {
+            b.refund(tx, cost_microusd, now_ms)?;
+        }
+        Ok(())
     }
 
     /// Checks every budget `needs` names, then spends them all, or spends nothing and says why.
@@ -188,13 +268,23 @@ impl Budgets {
         let mut curable = true;
         let mut wait_ms = 0u64;
 
+        // In the contract's order of reasons.
         let mut buckets: Vec<(&BucketRef, u64, Reason)> = Vec::new();
         if needs.requests {
             buckets.push((&self.tenant_requests, 1, Reason::TenantRate));
             buckets.push((&self.global_requests, 1, Reason::GlobalRate));
+            if let Some(b) = &self.model_requests {
+                buckets.push((b, 1, Reason::ModelRate));
+            }
         }
         if needs.tokens > 0 {
             buckets.push((&self.tenant_tokens, needs.tokens, Reason::TokenBudget));
+            for b in self.model_tokens.iter().chain(&self.tenant_model_tokens) {
+                buckets.push((b, needs.tokens, Reason::ModelTokenBudget));
+            }
+        }
+        if let (Some(b), true) = (&self.tenant_cost, needs.cost_microusd > 0) {
+            buckets.push((b, needs.cost_microusd, Reason::CostBudget));
         }
         for (b, credits, reason) in buckets {
             let level = b.level(tx, now_ms)?;
@@ -248,4 +338,14 @@ impl Budgets {
             global_slot: global_in_use.map(|n| (self.global_slots.scope.clone(), n)),
         }))
     }
+}
+
+/// The buckets a model adds to a request's budgets.
+#[derive(Default)]
+struct ModelBuckets {
+    requests: Option<BucketRef>,
+    tokens: Option<BucketRef>,
+    tenant_tokens: Option<BucketRef>,
+    cost: Option<BucketRef>,
+    price: Option<Price>,
 }

@@ -247,6 +247,7 @@ impl<S: Store> Engine<S> {
                                 tx.enqueue(&QueuedJob {
                                     tenant: op.tenant.clone(),
                                     key: op.key.clone(),
+                                    priority: op.priority,
                                     tokens: op.reserved_tokens,
                                     not_before_ms: not_before,
                                     expire_at_ms: super::admission::expire_at(
@@ -287,8 +288,17 @@ impl<S: Store> Engine<S> {
             max_output_tokens: op.max_output_tokens,
             optional_context_tokens: op.optional_context_tokens,
             input_tokens: op.input_tokens,
+            model: op.model.clone(),
+            priority: super::wit_priority(op.priority),
         };
-        let view = self.view(tx, &op.tenant, &op.key, op.attempt, now_ms)?;
+        let view = self.view(
+            tx,
+            &op.tenant,
+            op.model.as_deref(),
+            &op.key,
+            op.attempt,
+            now_ms,
+        )?;
         Ok(match policy.on_failure(view, &report) {
             Err(_) => give_up("policy_error"),
             Ok(RetryDecision::Retry(not_before)) => RetryVerdict {
@@ -324,16 +334,20 @@ impl<S: Store> Engine<S> {
         }
         if op.tokens_reserved {
             op.tokens_reserved = false;
+            let reserved_cost = std::mem::take(&mut op.reserved_cost_microusd);
             if let (true, Some(u), Some(t)) = (
                 self.config.refund_unused_tokens,
                 usage,
                 self.config.tenant(&op.tenant),
             ) {
+                let budgets =
+                    Budgets::for_request(&self.config, &op.tenant, t, op.model.as_deref());
                 let used = u.input_tokens.saturating_add(u.output_tokens);
                 let unused = op.reserved_tokens.saturating_sub(used);
-                if unused > 0 {
-                    Budgets::tenant_tokens(&op.tenant, t).refund(tx, unused, now_ms)?;
-                }
+                // The money used is what the reported usage costs at the model's price.
+                let cost_used = budgets.cost(u.input_tokens, u.output_tokens);
+                let unused_cost = reserved_cost.saturating_sub(cost_used);
+                budgets.refund(tx, unused, unused_cost, now_ms)?;
             }
         }
         Ok(())

@@ -8,7 +8,7 @@
 use super::budgets::{Budgets, Needs};
 use super::{downstream_available, job_ref, Engine};
 use crate::config::Discipline;
-use crate::model::{JobRef, OpState};
+use crate::model::{JobRef, OpState, Priority};
 use crate::store::{QueuedJob, Store, StoreError, Tx};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -82,9 +82,45 @@ struct Position {
 
 const POSITION: &str = "scheduler_position";
 
+/// Where a band's position is kept: the standard band's where it always was, so a store
+/// written before bands existed goes on from its position.
+fn position_name(band: Priority) -> String {
+    match band {
+        Priority::Standard => POSITION.to_string(),
+        other => format!("{POSITION}.{}", other.as_str()),
+    }
+}
+
+/// A tenant's DRR credit in one band: the standard band's in the tenant's queue row, as
+/// before bands existed, the others' beside the positions.
+fn deficit(tx: &mut dyn Tx, band: Priority, tenant: &str) -> Result<u64, StoreError> {
+    match band {
+        Priority::Standard => tx.deficit(tenant),
+        other => Ok(tx
+            .meta(&format!("drr_deficit.{}.{tenant}", other.as_str()))?
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)),
+    }
+}
+
+fn set_deficit(
+    tx: &mut dyn Tx,
+    band: Priority,
+    tenant: &str,
+    value: u64,
+) -> Result<(), StoreError> {
+    match band {
+        Priority::Standard => tx.set_deficit(tenant, value),
+        other => tx.set_meta(
+            &format!("drr_deficit.{}.{tenant}", other.as_str()),
+            &value.to_string(),
+        ),
+    }
+}
+
 impl Position {
-    fn load(tx: &mut dyn Tx) -> Result<Self, StoreError> {
-        let Some(raw) = tx.meta(POSITION)? else {
+    fn load(tx: &mut dyn Tx, band: Priority) -> Result<Self, StoreError> {
+        let Some(raw) = tx.meta(&position_name(band))? else {
             return Ok(Position::default());
         };
         let v: serde_json::Value = serde_json::from_str(&raw)?;
@@ -95,9 +131,9 @@ impl Position {
         })
     }
 
-    fn save(&self, tx: &mut dyn Tx) -> Result<(), StoreError> {
+    fn save(&self, tx: &mut dyn Tx, band: Priority) -> Result<(), StoreError> {
         let v = serde_json::json!({"tenant": self.tenant, "in_turn": self.in_turn, "taken": self.taken});
-        tx.set_meta(POSITION, &v.to_string())
+        tx.set_meta(&position_name(band), &v.to_string())
     }
 }
 
@@ -151,32 +187,61 @@ impl<S: Store> Engine<S> {
         let room = self.config.max_claims_per_worker.saturating_sub(held);
         let want = count.min(room);
 
-        let mut pos = Position::load(tx)?;
+        // Bands strictly in order: a band is served only once the ones before it have no
+        // job that can be claimed now. Each band keeps its own round-robin position.
+        let mut stops = Vec::new();
+        for band in Priority::BANDS {
+            if (answer.claimed.len() as u32) >= want {
+                break;
+            }
+            stops.push(self.dispatch_band(tx, band, worker, want, &mut answer.claimed, now_ms)?);
+        }
+        if (answer.claimed.len() as u32) < count {
+            answer.reason = Some(if (answer.claimed.len() as u32) == want && want < count {
+                DispatchReason::WorkerAtCapacity
+            } else if stops.contains(&DispatchReason::NoCapacity) {
+                DispatchReason::NoCapacity
+            } else {
+                DispatchReason::Empty
+            });
+        }
+        Ok(answer)
+    }
+
+    /// Claims from one band until `claimed` holds `want` jobs or the band has nothing more
+    /// to give, and says why it stopped.
+    fn dispatch_band(
+        &self,
+        tx: &mut dyn Tx,
+        band: Priority,
+        worker: &str,
+        want: u32,
+        claimed: &mut Vec<Claim>,
+        now_ms: i64,
+    ) -> Result<DispatchReason, StoreError> {
+        let mut pos = Position::load(tx, band)?;
         // The turns since the last claim; meeting any of their tenants again means every
         // backlogged tenant has had a turn without a claim.
         let mut stalled: Vec<(String, Blocked)> = Vec::new();
-        let mut stop = None;
-        while (answer.claimed.len() as u32) < want {
+        let mut stop = DispatchReason::Empty;
+        while (claimed.len() as u32) < want {
             // Whose turn: the current one if it is still going on, else the next backlogged.
             let tenant = match (&pos.tenant, pos.in_turn) {
                 (Some(t), true) => t.clone(),
                 (current, _) => {
-                    let next = match tx.next_backlogged(current.as_deref())? {
+                    let next = match tx.next_backlogged(band, current.as_deref())? {
                         Some(t) => Some(t),
-                        None => tx.next_backlogged(None)?,
+                        None => tx.next_backlogged(band, None)?,
                     };
                     let Some(next) = next else {
-                        stop = Some(DispatchReason::Empty);
                         break;
                     };
                     if stalled.iter().any(|(t, _)| *t == next) {
                         // A whole cycle without a claim.
-                        if !self.fast_forward(tx, &stalled)? {
-                            stop = Some(if stalled.iter().any(|(_, b)| *b == Blocked::Capacity) {
-                                DispatchReason::NoCapacity
-                            } else {
-                                DispatchReason::Empty
-                            });
+                        if !self.fast_forward(tx, band, &stalled)? {
+                            if stalled.iter().any(|(_, b)| *b == Blocked::Capacity) {
+                                stop = DispatchReason::NoCapacity;
+                            }
                             break;
                         }
                         stalled.clear();
@@ -187,15 +252,15 @@ impl<S: Store> Engine<S> {
                         taken: 0,
                     };
                     if self.config.discipline == Discipline::DrrTokens {
-                        let d = tx.deficit(&next)?;
-                        tx.set_deficit(&next, d.saturating_add(self.quantum(&next)))?;
+                        let d = deficit(tx, band, &next)?;
+                        set_deficit(tx, band, &next, d.saturating_add(self.quantum(&next)))?;
                     }
                     next
                 }
             };
-            match self.take_turn_step(tx, &tenant, worker, &mut pos, now_ms)? {
+            match self.take_turn_step(tx, band, &tenant, worker, &mut pos, now_ms)? {
                 Ok(claim) => {
-                    answer.claimed.push(claim);
+                    claimed.push(claim);
                     stalled.clear();
                 }
                 Err(blocked) => {
@@ -204,15 +269,8 @@ impl<S: Store> Engine<S> {
                 }
             }
         }
-        pos.save(tx)?;
-        if (answer.claimed.len() as u32) < count {
-            answer.reason = Some(if (answer.claimed.len() as u32) == want && want < count {
-                DispatchReason::WorkerAtCapacity
-            } else {
-                stop.unwrap_or(DispatchReason::Empty)
-            });
-        }
-        Ok(answer)
+        pos.save(tx, band)?;
+        Ok(stop)
     }
 
     fn quantum(&self, tenant: &str) -> u64 {
@@ -225,19 +283,20 @@ impl<S: Store> Engine<S> {
     fn take_turn_step(
         &self,
         tx: &mut dyn Tx,
+        band: Priority,
         tenant: &str,
         worker: &str,
         pos: &mut Position,
         now_ms: i64,
     ) -> Result<Result<Claim, Blocked>, StoreError> {
-        let Some(head) = tx.ready_head(tenant, now_ms)? else {
-            if self.config.discipline == Discipline::DrrTokens && tx.queue_depth(tenant)? == 0 {
-                tx.set_deficit(tenant, 0)?;
+        let Some(head) = tx.ready_head(tenant, band, now_ms)? else {
+            if self.config.discipline == Discipline::DrrTokens && !tx.band_has_jobs(tenant, band)? {
+                set_deficit(tx, band, tenant, 0)?;
             }
             return Ok(Err(Blocked::NotReady));
         };
         let drr = self.config.discipline == Discipline::DrrTokens;
-        let deficit = if drr { tx.deficit(tenant)? } else { 0 };
+        let deficit = if drr { deficit(tx, band, tenant)? } else { 0 };
         if drr && head.tokens > deficit {
             return Ok(Err(Blocked::Deficit {
                 head_tokens: head.tokens,
@@ -248,14 +307,15 @@ impl<S: Store> Engine<S> {
         let Some(claim) = self.claim(tx, &head, worker, now_ms)? else {
             if drr {
                 // A blocked tenant does not bank credit beyond one turn's worth.
-                tx.set_deficit(tenant, deficit.min(self.quantum(tenant).max(head.tokens)))?;
+                let kept = deficit.min(self.quantum(tenant).max(head.tokens));
+                set_deficit(tx, band, tenant, kept)?;
             }
             return Ok(Err(Blocked::Capacity));
         };
         if drr {
             let left = deficit - head.tokens;
-            let empty = tx.queue_depth(tenant)? == 0;
-            tx.set_deficit(tenant, if empty { 0 } else { left })?;
+            let empty = !tx.band_has_jobs(tenant, band)?;
+            set_deficit(tx, band, tenant, if empty { 0 } else { left })?;
             if empty {
                 pos.in_turn = false;
             }
@@ -275,6 +335,7 @@ impl<S: Store> Engine<S> {
     fn fast_forward(
         &self,
         tx: &mut dyn Tx,
+        band: Priority,
         stalled: &[(String, Blocked)],
     ) -> Result<bool, StoreError> {
         let waiting: Vec<(&String, u64, u64, u64)> = stalled
@@ -298,10 +359,8 @@ impl<S: Store> Engine<S> {
         // The next turn adds one quantum itself; add the turns before it here.
         let extra = rounds.saturating_sub(1);
         for (tenant, _, deficit, quantum) in waiting {
-            tx.set_deficit(
-                tenant,
-                deficit.saturating_add(extra.saturating_mul(quantum)),
-            )?;
+            let more = deficit.saturating_add(extra.saturating_mul(quantum));
+            set_deficit(tx, band, tenant, more)?;
         }
         Ok(true)
     }
@@ -322,10 +381,15 @@ impl<S: Store> Engine<S> {
         let Some(tenant) = self.config.tenant(&job.tenant) else {
             return Ok(None);
         };
-        let budgets = Budgets::for_tenant(&self.config, &job.tenant, tenant);
+        let budgets = Budgets::for_request(&self.config, &job.tenant, tenant, op.model.as_deref());
+        let cost = budgets.cost(
+            op.input_tokens + op.optional_context_tokens,
+            op.max_output_tokens,
+        );
         let needs = Needs {
             requests: false,
             tokens: job.tokens,
+            cost_microusd: cost,
             slots: true,
             busy_retry_after_ms: None,
         };
@@ -345,6 +409,7 @@ impl<S: Store> Engine<S> {
         op.holds_slot = taken.global_slot;
         op.holds_tenant_slot = taken.tenant_slot;
         op.tokens_reserved = true;
+        op.reserved_cost_microusd = cost;
         op.not_before_ms = None;
         tx.put_operation(&op)?;
         Ok(Some(Claim {

@@ -10,19 +10,21 @@ mod batch;
 mod budgets;
 mod completion;
 mod dispatch;
+mod shadow;
 mod swap;
 
 pub use admission::Decision;
 pub use batch::{Answer, Job};
 pub use completion::{Completion, CompletionAnswer, Reconciliation};
 pub use dispatch::{Claim, DispatchAnswer, DispatchReason};
+pub use shadow::{Disagreement, OutcomePair, ShadowReport, RECENT_DISAGREEMENTS};
 pub use swap::{NoVerifier, PolicyIdentity, SwapError, Verifier};
 
 use crate::config::Config;
 use crate::model::{names, JobRef, OpState, Operation, Route};
-use crate::runtime::{Decider, DecisionView, Jitter, Runtime};
+use crate::runtime::{Decider, DecisionView, Jitter, Params, Runtime};
 use crate::store::{Store, StoreError, Tx};
-use budgets::Budgets;
+use budgets::{BucketRef, Budgets};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, RwLock};
@@ -35,6 +37,15 @@ fn wit_route(route: Route) -> crate::runtime::Route {
     }
 }
 
+/// A priority as the policy's world spells it.
+fn wit_priority(p: crate::model::Priority) -> crate::runtime::Priority {
+    match p {
+        crate::model::Priority::Critical => crate::runtime::Priority::Critical,
+        crate::model::Priority::Standard => crate::runtime::Priority::Standard,
+        crate::model::Priority::Sheddable => crate::runtime::Priority::Sheddable,
+    }
+}
+
 /// The active policy and the one before it (for rollback).
 struct Policies {
     active: Arc<dyn Decider>,
@@ -44,10 +55,12 @@ struct Policies {
 /// Admission control and fair dispatch over one store.
 pub struct Engine<S: Store> {
     config: Config,
-    params: Arc<BTreeMap<String, f64>>,
+    params: Arc<Params>,
     runtime: Runtime,
     store: Mutex<S>,
     policies: RwLock<Policies>,
+    /// A candidate asked beside the active policy, never enforced.
+    shadow: RwLock<Option<Arc<shadow::Shadow>>>,
 }
 
 /// What `inspect` shows (docs/scenarios.md).
@@ -117,7 +130,10 @@ const DOWNSTREAM: &str = "downstream_available";
 impl<S: Store> Engine<S> {
     /// An engine on `store`, deciding with `policy` (already loaded and checked).
     pub fn new(config: Config, store: S, runtime: Runtime, policy: Arc<dyn Decider>) -> Self {
-        let params = Arc::new(config.policy_params.clone());
+        let params = Arc::new(Params {
+            numbers: config.policy_params.clone(),
+            strings: config.policy_strings.clone(),
+        });
         Engine {
             config,
             params,
@@ -127,6 +143,7 @@ impl<S: Store> Engine<S> {
                 active: policy,
                 previous: None,
             }),
+            shadow: RwLock::new(None),
         }
     }
 
@@ -183,11 +200,37 @@ impl<S: Store> Engine<S> {
             names::GLOBAL_SLOTS.to_string(),
             tx.slots_in_use(names::GLOBAL_SLOTS)?,
         );
+        for (model, m) in self.config.models.iter().flatten() {
+            let shared = [
+                m.requests.map(|b| (names::model_requests(model), b)),
+                m.tokens.map(|b| (names::model_tokens(model), b)),
+            ];
+            for (name, b) in shared.into_iter().flatten() {
+                let b = BucketRef {
+                    name,
+                    limits: b.limits(),
+                };
+                buckets.insert(b.name.clone(), b.level(tx, now_ms)?.whole_credits());
+            }
+        }
         for (name, tenant) in &self.config.tenants {
             for b in [
                 Budgets::tenant_requests(name, tenant),
                 Budgets::tenant_tokens(name, tenant),
             ] {
+                buckets.insert(b.name.clone(), b.level(tx, now_ms)?.whole_credits());
+            }
+            for model in tenant.models.keys() {
+                let b = Budgets::for_request(&self.config, name, tenant, Some(model));
+                if let Some(b) = &b.tenant_model_tokens {
+                    buckets.insert(b.name.clone(), b.level(tx, now_ms)?.whole_credits());
+                }
+            }
+            if let Some(cost) = tenant.cost_microusd {
+                let b = BucketRef {
+                    name: names::tenant_cost(name),
+                    limits: cost.limits(),
+                };
                 buckets.insert(b.name.clone(), b.level(tx, now_ms)?.whole_credits());
             }
             if tenant.concurrency.is_some() {
@@ -244,11 +287,12 @@ impl<S: Store> Engine<S> {
         })
     }
 
-    /// The snapshot a policy decides from, for one tenant at `now_ms`.
+    /// The snapshot a policy decides from, for one tenant (and model) at `now_ms`.
     fn view(
         &self,
         tx: &mut dyn Tx,
         tenant: &str,
+        model: Option<&str>,
         key: &str,
         attempt: u32,
         now_ms: i64,
@@ -266,8 +310,16 @@ impl<S: Store> Engine<S> {
             (view.global_slots, view.tenant_slots) = (None, None);
             return Ok(view);
         };
-        let budgets = Budgets::for_tenant(&self.config, tenant, t);
+        let budgets = Budgets::for_request(&self.config, tenant, t, model);
+        let level = |tx: &mut dyn Tx, b: &Option<BucketRef>| match b {
+            Some(b) => b.bucket_level(tx, now_ms).map(Some),
+            None => Ok(None),
+        };
         Ok(DecisionView {
+            model_requests: level(tx, &budgets.model_requests)?,
+            model_tokens: level(tx, &budgets.model_tokens)?,
+            tenant_model_tokens: level(tx, &budgets.tenant_model_tokens)?,
+            tenant_cost: level(tx, &budgets.tenant_cost)?,
             now_ms,
             params: self.params.clone(),
             weight: t.weight,

@@ -18,6 +18,9 @@ pub struct PolicyIdentity {
     pub version: String,
     /// The SHA-256 of the component, in hex.
     pub sha256: String,
+    /// The world the component was built for (`0.1.0`, `0.2.0`), or `native` for rules
+    /// compiled into the host.
+    pub world: String,
 }
 
 impl PolicyIdentity {
@@ -28,6 +31,7 @@ impl PolicyIdentity {
             name: info.name.clone(),
             version: info.version.clone(),
             sha256: digest.to_string(),
+            world: p.world().map_or("native".into(), |w| w.to_string()),
         }
     }
 }

@@ -3,10 +3,30 @@
 
 use super::bindings;
 use super::{
-    BucketKind, BucketLevel, DecisionView, SlotLevel, SlotScope, HOST_CALLS_PER_CALL,
+    BucketKind, BucketLevel, DecisionView, LogLevel, SlotLevel, SlotScope, HOST_CALLS_PER_CALL,
     MAX_PARAM_NAME_BYTES,
 };
+use std::sync::atomic::{AtomicU64, Ordering};
 use wasmtime::StoreLimits;
+
+/// `log` lines one call of an export may write; later ones are dropped and counted.
+pub const LOG_LINES_PER_CALL: u32 = 8;
+/// Longest `log` line, in bytes; a longer one is cut.
+pub const MAX_LOG_LINE_BYTES: usize = 1024;
+
+static LOG_LINES_DROPPED: AtomicU64 = AtomicU64::new(0);
+
+/// `log` lines dropped since the process started, over [`LOG_LINES_PER_CALL`].
+pub fn log_lines_dropped() -> u64 {
+    LOG_LINES_DROPPED.load(Ordering::Relaxed)
+}
+
+/// Who is deciding on what, for the policy's log lines.
+#[derive(Clone, Debug, Default)]
+pub(super) struct LogContext {
+    pub digest: String,
+    pub key: String,
+}
 
 /// The per-decision store data.
 pub(super) struct HostState {
@@ -14,14 +34,18 @@ pub(super) struct HostState {
     pub(super) limits: StoreLimits,
     /// Host calls this guest call may still make (see [`HOST_CALLS_PER_CALL`]).
     host_calls_left: u32,
+    log_lines_left: u32,
+    log: LogContext,
 }
 
 impl HostState {
-    pub(super) fn new(view: DecisionView, limits: StoreLimits) -> Self {
+    pub(super) fn new(view: DecisionView, limits: StoreLimits, log: LogContext) -> Self {
         HostState {
             view,
             limits,
             host_calls_left: HOST_CALLS_PER_CALL,
+            log_lines_left: LOG_LINES_PER_CALL,
+            log,
         }
     }
 
@@ -55,7 +79,44 @@ impl bindings::tollgate::policy::host::Host for HostState {
                 name.len()
             )));
         }
-        Ok(self.view.params.get(&name).copied())
+        Ok(self.view.params.numbers.get(&name).copied())
+    }
+
+    fn param_string(&mut self, name: String) -> wasmtime::Result<Option<String>> {
+        self.host_call()?;
+        if name.len() > MAX_PARAM_NAME_BYTES {
+            return Err(wasmtime::Error::msg(format!(
+                "the policy asked for a parameter name of {} bytes (at most {MAX_PARAM_NAME_BYTES})",
+                name.len()
+            )));
+        }
+        Ok(self.view.params.strings.get(&name).cloned())
+    }
+
+    fn log(&mut self, level: LogLevel, message: String) -> wasmtime::Result<()> {
+        self.host_call()?;
+        let Some(left) = self.log_lines_left.checked_sub(1) else {
+            LOG_LINES_DROPPED.fetch_add(1, Ordering::Relaxed);
+            return Ok(());
+        };
+        self.log_lines_left = left;
+        let message = super::bounded_to(message, MAX_LOG_LINE_BYTES);
+        let (digest, key) = (&self.log.digest, &self.log.key);
+        match level {
+            LogLevel::Debug => {
+                tracing::debug!(target: "tollgate::policy", policy = %digest, key = %key, "{message}")
+            }
+            LogLevel::Info => {
+                tracing::info!(target: "tollgate::policy", policy = %digest, key = %key, "{message}")
+            }
+            LogLevel::Warn => {
+                tracing::warn!(target: "tollgate::policy", policy = %digest, key = %key, "{message}")
+            }
+            LogLevel::Error => {
+                tracing::error!(target: "tollgate::policy", policy = %digest, key = %key, "{message}")
+            }
+        }
+        Ok(())
     }
 
     fn tenant_weight(&mut self) -> wasmtime::Result<u32> {

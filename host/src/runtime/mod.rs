@@ -2,7 +2,7 @@
 //! fresh, limited `Store` and instance for every decision, so that no decision can see state
 //! another left in guest memory and a faulted instance is never reused.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 use wasmtime::component::{
@@ -10,10 +10,12 @@ use wasmtime::component::{
 };
 use wasmtime::{Engine, Store, StoreLimitsBuilder};
 
+/// The newest world, `tollgate:policy@0.2.0`: the host decides with its types, and older
+/// worlds are adapted to it (`world_v1`).
 #[allow(missing_docs)]
 mod bindings {
     wasmtime::component::bindgen!({
-        path: "../wit",
+        path: "../wit/0.2.0",
         world: "policy",
         // Every host function may trap: that is how a decision's host-call budget ends it.
         imports: { default: trappable },
@@ -21,19 +23,47 @@ mod bindings {
 }
 
 pub use bindings::tollgate::policy::types::{
-    Admission, BucketKind, BucketLevel, Failure, FailureReport, GiveUpReason, Plan, PolicyInfo,
-    Refusal, RefusalReason, Request, RetryDecision, Route, SlotLevel, SlotScope,
+    Admission, BucketKind, BucketLevel, Failure, FailureReport, GiveUpReason, LogLevel, Plan,
+    PolicyInfo, Priority, Refusal, RefusalReason, Request, RetryDecision, Route, SlotLevel,
+    SlotScope,
 };
 use bindings::{Policy, PolicyPre};
-use host::HostState;
+use host::{HostState, LogContext};
 
 pub mod builtin;
 mod digest;
 mod host;
 mod view;
+mod world_v1;
 
 pub use digest::{hex, PolicyDigest};
-pub use view::{DecisionView, Jitter};
+pub use host::{log_lines_dropped, LOG_LINES_PER_CALL, MAX_LOG_LINE_BYTES};
+pub use view::{DecisionView, Jitter, Params};
+
+/// The world a component was built for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum WorldVersion {
+    /// `tollgate:policy@0.1.0`.
+    V0_1,
+    /// `tollgate:policy@0.2.0`.
+    V0_2,
+}
+
+impl WorldVersion {
+    /// The version as WIT spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorldVersion::V0_1 => "0.1.0",
+            WorldVersion::V0_2 => "0.2.0",
+        }
+    }
+}
+
+impl fmt::Display for WorldVersion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
 
 /// Fuel for one guest call. A call that runs out traps; about 2 ms of guest work on the
 /// reference machine (measured by `runtime::tests::spin_is_stopped`), far above the few
@@ -73,7 +103,7 @@ pub enum LoadError {
     #[error("not a valid component: {0}")]
     Compile(String),
     /// A component of another world: a missing or mistyped import or export.
-    #[error("component does not satisfy the world tollgate:policy/policy@0.1.0: {0}")]
+    #[error("component does not satisfy a tollgate:policy world (0.2.0 or 0.1.0): {0}")]
     World(String),
     /// Its self-check failed, with its message.
     #[error("policy self-check failed: {0}")]
@@ -110,10 +140,16 @@ pub const MAX_MESSAGE_BYTES: usize = 1024;
 
 /// `message` cut to at most [`MAX_MESSAGE_BYTES`] at a character boundary, followed, when
 /// cut, by how long it was.
-fn bounded(mut message: String) -> String {
+fn bounded(message: String) -> String {
+    bounded_to(message, MAX_MESSAGE_BYTES)
+}
+
+/// `message` cut to at most `max` bytes at a character boundary, followed, when cut, by how
+/// long it was.
+fn bounded_to(mut message: String, max: usize) -> String {
     let total = message.len();
-    if total > MAX_MESSAGE_BYTES {
-        let cut = (0..=MAX_MESSAGE_BYTES)
+    if total > max {
+        let cut = (0..=max)
             .rev()
             .find(|&i| message.is_char_boundary(i))
             .unwrap_or(0);
@@ -159,6 +195,7 @@ impl Runtime {
         let engine = Engine::new(&config)?;
         let mut linker = Linker::new(&engine);
         Policy::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
+        world_v1::Policy::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
         Ok(Runtime {
             engine,
             linker: Arc::new(linker),
@@ -178,19 +215,41 @@ impl Runtime {
         }
         let digest = PolicyDigest::of(bytes);
         let component = self.compile(&digest, bytes)?;
+        // The world is the one whose `decide` the component exports; without either, the
+        // newest world's checks name what is missing.
+        let world = if component
+            .get_export_index(None, world_v1::DECIDE_EXPORT)
+            .is_some()
+            && component.get_export_index(None, DECIDE_EXPORT).is_none()
+        {
+            WorldVersion::V0_1
+        } else {
+            WorldVersion::V0_2
+        };
         let instance_pre = self
             .linker
             .instantiate_pre(&component)
             .map_err(|e| LoadError::World(format!("{e:#}")))?;
-        let pre = PolicyPre::new(instance_pre).map_err(|e| LoadError::World(format!("{e:#}")))?;
+        let world_error = |e: wasmtime::Error| LoadError::World(format!("{e:#}"));
+        let (pre, decide_export) = match world {
+            WorldVersion::V0_1 => (
+                Pre::V0_1(world_v1::PolicyPre::new(instance_pre).map_err(world_error)?),
+                world_v1::DECIDE_EXPORT,
+            ),
+            WorldVersion::V0_2 => (
+                Pre::V0_2(PolicyPre::new(instance_pre).map_err(world_error)?),
+                DECIDE_EXPORT,
+            ),
+        };
         let export = |name: &str| {
             let component = pre.instance_pre().component();
             component
-                .get_export_index(None, DECIDE_EXPORT)
+                .get_export_index(None, decide_export)
                 .and_then(|decide| component.get_export_index(Some(&decide), name))
-                .ok_or_else(|| LoadError::World(format!("no export `{DECIDE_EXPORT}#{name}`")))
+                .ok_or_else(|| LoadError::World(format!("no export `{decide_export}#{name}`")))
         };
         let mut policy = LoadedPolicy {
+            world,
             observer: self.observer.clone(),
             digest,
             info: PolicyInfo {
@@ -203,9 +262,16 @@ impl Runtime {
         };
         // The first instantiation goes through the bindings, which type-check every export
         // of `decide` against the world: from here on, `call_export` may trust the types.
-        let view = DecisionView::scratch(Arc::new(BTreeMap::new()));
+        let view = DecisionView::scratch(Arc::default());
         let info = policy
-            .call(view, |p, s| p.tollgate_policy_decide().call_describe(s))
+            .call(
+                view,
+                |p, s| p.tollgate_policy_decide().call_describe(s),
+                |p, s| {
+                    let info = p.tollgate_policy_decide().call_describe(s)?;
+                    Ok(world_v1::info(info))
+                },
+            )
             .map_err(LoadError::Fault)?;
         if info.name.is_empty() || info.name.len() > 128 || info.version.len() > 128 {
             return Err(LoadError::World(
@@ -235,7 +301,8 @@ impl Runtime {
         }
         if bytes.starts_with(CORE_MODULE_HEADER) {
             return Err(LoadError::Compile(
-                "this is a core wasm module, not a component: make one with \
+                "this is a core wasm module, not a component: `tollgate policy build DIR` builds \
+                 a policy project into one; for a module built otherwise, \
                  `wasm-tools component new MODULE.wasm -o POLICY.wasm` (docs/writing-policies.md)"
                     .into(),
             ));
@@ -260,6 +327,10 @@ pub trait Decider: Send + Sync {
     fn digest(&self) -> &PolicyDigest;
     /// The name and version it gives itself.
     fn info(&self) -> &PolicyInfo;
+    /// The world of a component; `None` for rules compiled into the host.
+    fn world(&self) -> Option<WorldVersion> {
+        None
+    }
     /// Plans or refuses one admission.
     fn admit(&self, view: DecisionView, req: &Request) -> Result<Admission, PolicyFault>;
     /// Retries or gives up after a failure.
@@ -279,6 +350,9 @@ impl Decider for LoadedPolicy {
     fn info(&self) -> &PolicyInfo {
         &self.info
     }
+    fn world(&self) -> Option<WorldVersion> {
+        Some(self.world)
+    }
     fn admit(&self, view: DecisionView, req: &Request) -> Result<Admission, PolicyFault> {
         LoadedPolicy::admit(self, view, req)
     }
@@ -294,8 +368,23 @@ impl Decider for LoadedPolicy {
     }
 }
 
-/// The interface a policy exports.
-const DECIDE_EXPORT: &str = "tollgate:policy/decide@0.1.0";
+/// The interface a policy of the newest world exports.
+const DECIDE_EXPORT: &str = "tollgate:policy/decide@0.2.0";
+
+/// A component's instance factory, typed by its world.
+enum Pre {
+    V0_1(world_v1::PolicyPre<HostState>),
+    V0_2(PolicyPre<HostState>),
+}
+
+impl Pre {
+    fn instance_pre(&self) -> &wasmtime::component::InstancePre<HostState> {
+        match self {
+            Pre::V0_1(p) => p.instance_pre(),
+            Pre::V0_2(p) => p.instance_pre(),
+        }
+    }
+}
 
 /// A compiled, world-checked policy, ready to instantiate cheaply for each decision.
 pub struct LoadedPolicy {
@@ -303,7 +392,9 @@ pub struct LoadedPolicy {
     pub digest: PolicyDigest,
     /// The name and version it gave itself.
     pub info: PolicyInfo,
-    pre: PolicyPre<HostState>,
+    /// The world it was built for.
+    pub world: WorldVersion,
+    pre: Pre,
     /// The exports called per decision, looked up once: a decision instantiates and
     /// fetches only the one it calls (the bindings would fetch and type-check all four).
     admit: ComponentExportIndex,
@@ -323,19 +414,27 @@ impl fmt::Debug for LoadedPolicy {
 
 impl LoadedPolicy {
     /// Runs one guest call in a fresh instance with fuel and memory limits, through the
-    /// bindings (which fetch and type-check every export).
+    /// bindings of the component's world (which fetch and type-check every export).
     fn call<T>(
         &self,
         view: DecisionView,
-        f: impl FnOnce(&Policy, &mut Store<HostState>) -> wasmtime::Result<T>,
+        v2: impl FnOnce(&Policy, &mut Store<HostState>) -> wasmtime::Result<T>,
+        v1: impl FnOnce(&world_v1::Policy, &mut Store<HostState>) -> wasmtime::Result<T>,
     ) -> Result<T, PolicyFault> {
         self.observed(|| {
-            let mut store = self.store(view)?;
-            let instance = self
-                .pre
-                .instantiate(&mut store)
-                .map_err(|e| PolicyFault::of("instantiation: ", &e))?;
-            f(&instance, &mut store).map_err(|e| PolicyFault::of("", &e))
+            let mut store = self.store(view, String::new())?;
+            let instantiation = |e: wasmtime::Error| PolicyFault::of("instantiation: ", &e);
+            let result = match &self.pre {
+                Pre::V0_2(pre) => {
+                    let instance = pre.instantiate(&mut store).map_err(instantiation)?;
+                    v2(&instance, &mut store)
+                }
+                Pre::V0_1(pre) => {
+                    let instance = pre.instantiate(&mut store).map_err(instantiation)?;
+                    v1(&instance, &mut store)
+                }
+            };
+            result.map_err(|e| PolicyFault::of("", &e))
         })
     }
 
@@ -349,8 +448,8 @@ impl LoadedPolicy {
         result
     }
 
-    /// A store for one guest call, with its fuel and memory limits.
-    fn store(&self, view: DecisionView) -> Result<Store<HostState>, PolicyFault> {
+    /// A store for one guest call about operation `key`, with its fuel and memory limits.
+    fn store(&self, view: DecisionView, key: String) -> Result<Store<HostState>, PolicyFault> {
         let limits = StoreLimitsBuilder::new()
             .memory_size(MEMORY_PER_CALL)
             .instances(4)
@@ -358,7 +457,12 @@ impl LoadedPolicy {
             .memories(2)
             .trap_on_grow_failure(true)
             .build();
-        let mut store = Store::new(self.pre.engine(), HostState::new(view, limits));
+        let log = LogContext {
+            digest: self.digest.to_string(),
+            key,
+        };
+        let engine = self.pre.instance_pre().component().engine();
+        let mut store = Store::new(engine, HostState::new(view, limits, log));
         store.limiter(|s| &mut s.limits);
         store
             .set_fuel(FUEL_PER_CALL)
@@ -371,6 +475,7 @@ impl LoadedPolicy {
     fn call_export<P, R>(
         &self,
         view: DecisionView,
+        key: &str,
         export: &ComponentExportIndex,
         params: P,
     ) -> Result<R, PolicyFault>
@@ -379,7 +484,7 @@ impl LoadedPolicy {
         R: ComponentNamedList + Lift,
     {
         self.observed(|| {
-            let mut store = self.store(view)?;
+            let mut store = self.store(view, key.to_string())?;
             let instance = self
                 .pre
                 .instance_pre()
@@ -400,9 +505,18 @@ impl LoadedPolicy {
 
     /// Plans or refuses one admission, in a fresh instance.
     pub fn admit(&self, view: DecisionView, req: &Request) -> Result<Admission, PolicyFault> {
-        let (admission,) =
-            self.call_export::<(&Request,), (Admission,)>(view, &self.admit, (req,))?;
-        Ok(admission)
+        Ok(match self.world {
+            WorldVersion::V0_2 => {
+                self.call_export::<(&Request,), (Admission,)>(view, &req.key, &self.admit, (req,))?
+                    .0
+            }
+            WorldVersion::V0_1 => {
+                let old = world_v1::request(req);
+                let (admission,) =
+                    self.call_export::<(&_,), (_,)>(view, &req.key, &self.admit, (&old,))?;
+                world_v1::admission(admission)
+            }
+        })
     }
 
     /// Retries or gives up after a failure, in a fresh instance.
@@ -411,17 +525,32 @@ impl LoadedPolicy {
         view: DecisionView,
         report: &FailureReport,
     ) -> Result<RetryDecision, PolicyFault> {
-        let (decision,) = self.call_export::<(&FailureReport,), (RetryDecision,)>(
-            view,
-            &self.on_failure,
-            (report,),
-        )?;
-        Ok(decision)
+        Ok(match self.world {
+            WorldVersion::V0_2 => {
+                self.call_export::<(&FailureReport,), (RetryDecision,)>(
+                    view,
+                    &report.key,
+                    &self.on_failure,
+                    (report,),
+                )?
+                .0
+            }
+            WorldVersion::V0_1 => {
+                let old = world_v1::failure_report(report);
+                let (decision,) =
+                    self.call_export::<(&_,), (_,)>(view, &report.key, &self.on_failure, (&old,))?;
+                world_v1::retry_decision(decision)
+            }
+        })
     }
 
     /// Runs the component's self-check, in a fresh instance.
     pub fn self_check(&self, view: DecisionView) -> Result<Result<(), String>, PolicyFault> {
-        let verdict = self.call(view, |p, s| p.tollgate_policy_decide().call_self_check(s))?;
+        let verdict = self.call(
+            view,
+            |p, s| p.tollgate_policy_decide().call_self_check(s),
+            |p, s| p.tollgate_policy_decide().call_self_check(s),
+        )?;
         Ok(verdict.map_err(bounded))
     }
 }
@@ -519,7 +648,7 @@ mod tests {
     fn what_a_hostile_module_says_about_itself_is_bounded() {
         let rt = Runtime::new().unwrap();
         let load = |name| rt.load(&fixture(name), u64::MAX).unwrap();
-        let scratch = || DecisionView::scratch(Arc::new(BTreeMap::new()));
+        let scratch = || DecisionView::scratch(Arc::default());
         // A self-check failing with 4 MiB of text.
         let message = load("verbose").self_check(scratch()).unwrap().unwrap_err();
         assert!(message.len() < MAX_MESSAGE_BYTES + 64, "{}", message.len());
@@ -552,8 +681,11 @@ mod tests {
             deadline_ms: 1,
             size_bytes: 0,
             attempt: 1,
+            model: None,
+            priority: Priority::Standard,
+            labels: Vec::new(),
         };
-        let view = DecisionView::scratch(Arc::new(BTreeMap::new()));
+        let view = DecisionView::scratch(Arc::default());
         faulty.admit(view, &request).unwrap_err()
     }
 
@@ -573,6 +705,108 @@ mod tests {
             "{}",
             loud.0
         );
+    }
+
+    fn request(key: &str) -> Request {
+        Request {
+            tenant: "acme".into(),
+            key: key.into(),
+            route: Route::Interactive,
+            input_tokens: 10,
+            optional_context_tokens: 5,
+            max_output_tokens: 500,
+            deadline_ms: 60_000,
+            size_bytes: 0,
+            attempt: 1,
+            model: Some("gpt-4o".into()),
+            priority: Priority::Sheddable,
+            labels: vec![("tier".into(), "free".into())],
+        }
+    }
+
+    /// A component this repository keeps as built for world 0.1.0.
+    fn world_v1(name: &str) -> Vec<u8> {
+        let path = format!(
+            "{}/../policies/fixtures/world-0.1.0/{name}.wasm",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        std::fs::read(path).unwrap()
+    }
+
+    #[test]
+    fn components_of_both_worlds_load_and_decide_alike() {
+        let rt = Runtime::new().unwrap();
+        let old = rt.load(&world_v1("standard"), u64::MAX).unwrap();
+        let new = rt
+            .load(builtin::get("standard").unwrap(), u64::MAX)
+            .unwrap();
+        assert_eq!(
+            (old.world, new.world),
+            (WorldVersion::V0_1, WorldVersion::V0_2)
+        );
+        assert_eq!(old.info.name, "standard");
+        let mut view = DecisionView::scratch(Arc::default());
+        view.global_slots = Some(SlotLevel {
+            in_use: 7,
+            limit: 8,
+        });
+        let params = Params {
+            numbers: [("degrade_at_slot_fraction".to_string(), 0.5)].into(),
+            strings: Default::default(),
+        };
+        view.params = Arc::new(params);
+        let mut req = request("k");
+        req.priority = Priority::Standard;
+        let a = old.admit(view.clone(), &req).unwrap();
+        let b = new.admit(view.clone(), &req).unwrap();
+        assert_eq!(format!("{a:?}"), format!("{b:?}"));
+        assert!(matches!(a, Admission::Admit(p) if p.max_output_tokens == 256));
+        let report = FailureReport {
+            tenant: "acme".into(),
+            key: "k".into(),
+            route: Route::Interactive,
+            attempt: 1,
+            failure: Some(Failure::RateLimited),
+            provider_retry_after_ms: Some(700),
+            deadline_ms: 60_000,
+            max_output_tokens: 10,
+            optional_context_tokens: 0,
+            input_tokens: 10,
+            model: None,
+            priority: Priority::Standard,
+        };
+        let a = old.on_failure(view.clone(), &report).unwrap();
+        let b = new.on_failure(view.clone(), &report).unwrap();
+        assert_eq!(format!("{a:?}"), format!("{b:?}"));
+        // An old module's traps still fail closed.
+        let faulty = rt.load(&world_v1("faulty"), u64::MAX).unwrap();
+        assert!(faulty.admit(view, &request("trap-1")).is_err());
+    }
+
+    #[test]
+    fn a_policy_reads_model_priority_labels_and_string_params_and_its_log_is_bounded() {
+        let rt = Runtime::new().unwrap();
+        let p = rt.load(&fixture("shed-model"), u64::MAX).unwrap();
+        let mut view = DecisionView::scratch(Arc::default());
+        view.params = Arc::new(Params {
+            numbers: Default::default(),
+            strings: [("shed_model".to_string(), "gpt-4o".to_string())].into(),
+        });
+        let shed = p.admit(view.clone(), &request("a")).unwrap();
+        assert!(matches!(shed, Admission::Refuse(r) if r.reason == RefusalReason::Overloaded));
+        let mut other = request("b");
+        other.model = Some("small".into());
+        let capped = p.admit(view.clone(), &other).unwrap();
+        assert!(matches!(capped, Admission::Admit(p) if p.max_output_tokens == 100));
+        let before = log_lines_dropped();
+        let mut flood = request("log-flood-1");
+        flood.priority = Priority::Standard;
+        assert!(
+            p.admit(view, &flood).is_ok(),
+            "a flood of log lines never traps"
+        );
+        let dropped = log_lines_dropped() - before;
+        assert!(dropped >= u64::from(20 - LOG_LINES_PER_CALL), "{dropped}");
     }
 
     #[test]

@@ -47,13 +47,32 @@ impl Jitter {
     }
 }
 
+/// The configuration's `policy_params`, as a policy reads them.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Params {
+    /// Numbers (booleans as 0 and 1), read by `param`.
+    pub numbers: BTreeMap<String, f64>,
+    /// Strings, read by `param-string` (world 0.2.0).
+    pub strings: BTreeMap<String, String>,
+}
+
+impl Params {
+    /// Numeric parameters only.
+    pub fn numbers(numbers: BTreeMap<String, f64>) -> Self {
+        Params {
+            numbers,
+            strings: BTreeMap::new(),
+        }
+    }
+}
+
 /// What a policy may read during one decision: a snapshot taken inside the transaction.
 #[derive(Clone, Debug)]
 pub struct DecisionView {
     /// The decision's time.
     pub now_ms: i64,
     /// The configuration's `policy_params`.
-    pub params: Arc<BTreeMap<String, f64>>,
+    pub params: Arc<Params>,
     /// The tenant's dispatch weight.
     pub weight: u32,
     /// The global request bucket.
@@ -66,13 +85,21 @@ pub struct DecisionView {
     pub global_slots: Option<SlotLevel>,
     /// The tenant's slots, when it has a limit.
     pub tenant_slots: Option<SlotLevel>,
+    /// The request's model's shared request bucket.
+    pub model_requests: Option<BucketLevel>,
+    /// The request's model's shared token bucket.
+    pub model_tokens: Option<BucketLevel>,
+    /// The tenant's own token budget for the request's model.
+    pub tenant_model_tokens: Option<BucketLevel>,
+    /// The tenant's money budget.
+    pub tenant_cost: Option<BucketLevel>,
     /// The decision's deterministic draw.
     pub jitter: Jitter,
 }
 
 impl DecisionView {
     /// A view with nothing in use and full buckets, for self-checks and smoke decisions.
-    pub fn scratch(params: Arc<BTreeMap<String, f64>>) -> Self {
+    pub fn scratch(params: Arc<Params>) -> Self {
         let bucket = Some(BucketLevel {
             available: 1000,
             capacity: 1000,
@@ -94,6 +121,10 @@ impl DecisionView {
                 limit: 8,
             }),
             tenant_slots: None,
+            model_requests: None,
+            model_tokens: None,
+            tenant_model_tokens: None,
+            tenant_cost: None,
             jitter: Jitter(0),
         }
     }
@@ -104,6 +135,10 @@ impl DecisionView {
             BucketKind::GlobalRequests => self.global_requests,
             BucketKind::TenantRequests => self.tenant_requests,
             BucketKind::TenantTokens => self.tenant_tokens,
+            BucketKind::ModelRequests => self.model_requests,
+            BucketKind::ModelTokens => self.model_tokens,
+            BucketKind::TenantModelTokens => self.tenant_model_tokens,
+            BucketKind::TenantCost => self.tenant_cost,
         }
     }
 

@@ -78,11 +78,27 @@ impl Tx for Cached<'_> {
     fn queue_depth(&mut self, tenant: &str) -> Result<u32, StoreError> {
         self.inner.queue_depth(tenant)
     }
-    fn ready_head(&mut self, tenant: &str, now_ms: i64) -> Result<Option<QueuedJob>, StoreError> {
-        self.inner.ready_head(tenant, now_ms)
+    fn ready_head(
+        &mut self,
+        tenant: &str,
+        band: crate::model::Priority,
+        now_ms: i64,
+    ) -> Result<Option<QueuedJob>, StoreError> {
+        self.inner.ready_head(tenant, band, now_ms)
     }
-    fn next_backlogged(&mut self, after: Option<&str>) -> Result<Option<String>, StoreError> {
-        self.inner.next_backlogged(after)
+    fn next_backlogged(
+        &mut self,
+        band: crate::model::Priority,
+        after: Option<&str>,
+    ) -> Result<Option<String>, StoreError> {
+        self.inner.next_backlogged(band, after)
+    }
+    fn band_has_jobs(
+        &mut self,
+        tenant: &str,
+        band: crate::model::Priority,
+    ) -> Result<bool, StoreError> {
+        self.inner.band_has_jobs(tenant, band)
     }
     fn infeasible(&mut self, now_ms: i64) -> Result<Vec<QueuedJob>, StoreError> {
         self.inner.infeasible(now_ms)

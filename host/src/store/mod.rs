@@ -12,7 +12,7 @@ mod schema;
 pub mod sqlite;
 
 use crate::bucket;
-use crate::model::Operation;
+use crate::model::{Operation, Priority};
 
 pub use postgres::PgStore;
 pub use sqlite::SqliteStore;
@@ -41,6 +41,8 @@ pub struct QueuedJob {
     pub tenant: String,
     /// The job's key.
     pub key: String,
+    /// The dispatch band it waits in.
+    pub priority: crate::model::Priority,
     /// Tokens to reserve at dispatch.
     pub tokens: u64,
     /// Not claimable before this logical time (retries wait here).
@@ -190,10 +192,22 @@ pub trait Tx {
     fn dequeue(&mut self, tenant: &str, key: &str) -> Result<(), StoreError>;
     /// Jobs in a tenant's queue.
     fn queue_depth(&mut self, tenant: &str) -> Result<u32, StoreError>;
-    /// The oldest job of `tenant` that may be claimed at `now_ms`.
-    fn ready_head(&mut self, tenant: &str, now_ms: i64) -> Result<Option<QueuedJob>, StoreError>;
-    /// The first tenant by name strictly after `after` (or the first at all) with queued jobs.
-    fn next_backlogged(&mut self, after: Option<&str>) -> Result<Option<String>, StoreError>;
+    /// The oldest job of `tenant` in dispatch band `band` that may be claimed at `now_ms`.
+    fn ready_head(
+        &mut self,
+        tenant: &str,
+        band: Priority,
+        now_ms: i64,
+    ) -> Result<Option<QueuedJob>, StoreError>;
+    /// The first tenant by name strictly after `after` (or the first at all) with jobs
+    /// queued in `band`.
+    fn next_backlogged(
+        &mut self,
+        band: Priority,
+        after: Option<&str>,
+    ) -> Result<Option<String>, StoreError>;
+    /// Whether `tenant` has jobs queued in `band`.
+    fn band_has_jobs(&mut self, tenant: &str, band: Priority) -> Result<bool, StoreError>;
     /// Queued jobs that can no longer meet their deadline at `now_ms`, oldest first.
     fn infeasible(&mut self, now_ms: i64) -> Result<Vec<QueuedJob>, StoreError>;
     /// A tenant's deficit-round-robin credit, in tokens.

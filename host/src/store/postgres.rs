@@ -8,7 +8,7 @@ use super::{
     schema, together_then_apart, BatchAttempt, Cached, Isolation, QueuedJob, Store, StoreError, Tx,
 };
 use crate::bucket;
-use crate::model::Operation;
+use crate::model::{Operation, Priority};
 use postgres::{Client, NoTls, Row, Statement, Transaction};
 use std::collections::HashMap;
 
@@ -29,17 +29,18 @@ const STATEMENTS: &[(&str, &str)] = &[
     ("unfinished", "SELECT COUNT(*) FROM operations WHERE worker = $1 AND state IN ('active', 'unknown')"),
     ("meta", "SELECT value FROM meta WHERE name = $1"),
     ("set_meta", "INSERT INTO meta (name, value) VALUES ($1, $2) ON CONFLICT (name) DO UPDATE SET value = $2"),
-    ("enqueue", "INSERT INTO queue (tenant, key, tokens, not_before_ms, expire_at_ms) VALUES ($1, $2, $3, $4, $5)"),
+    ("enqueue", "INSERT INTO queue (tenant, key, tokens, not_before_ms, expire_at_ms, priority) VALUES ($1, $2, $3, $4, $5, $6)"),
     ("depth_up", "INSERT INTO tenant_queues (tenant, depth, deficit) VALUES ($1, 1, 0)
         ON CONFLICT (tenant) DO UPDATE SET depth = tenant_queues.depth + 1"),
     ("dequeue", "DELETE FROM queue WHERE tenant = $1 AND key = $2"),
     ("depth_down", "UPDATE tenant_queues SET depth = depth - $2 WHERE tenant = $1"),
     ("depth", "SELECT depth FROM tenant_queues WHERE tenant = $1"),
-    ("ready_head", "SELECT tenant, key, tokens, not_before_ms, expire_at_ms FROM queue
-        WHERE tenant = $1 AND not_before_ms <= $2 ORDER BY seq LIMIT 1"),
-    ("next_after", "SELECT tenant FROM tenant_queues WHERE depth > 0 AND tenant > $1 ORDER BY tenant LIMIT 1"),
-    ("next_first", "SELECT tenant FROM tenant_queues WHERE depth > 0 ORDER BY tenant LIMIT 1"),
-    ("infeasible", "SELECT tenant, key, tokens, not_before_ms, expire_at_ms FROM queue
+    ("ready_head", "SELECT tenant, key, tokens, not_before_ms, expire_at_ms, priority FROM queue
+        WHERE priority = $3 AND tenant = $1 AND not_before_ms <= $2 ORDER BY seq LIMIT 1"),
+    ("next_after", "SELECT tenant FROM queue WHERE priority = $2 AND tenant > $1 ORDER BY tenant LIMIT 1"),
+    ("next_first", "SELECT tenant FROM queue WHERE priority = $1 ORDER BY tenant LIMIT 1"),
+    ("band_has_jobs", "SELECT EXISTS (SELECT 1 FROM queue WHERE priority = $2 AND tenant = $1)"),
+    ("infeasible", "SELECT tenant, key, tokens, not_before_ms, expire_at_ms, priority FROM queue
         WHERE expire_at_ms <= $1 ORDER BY expire_at_ms, seq"),
     ("deficit", "SELECT deficit FROM tenant_queues WHERE tenant = $1"),
     ("set_deficit", "INSERT INTO tenant_queues (tenant, depth, deficit) VALUES ($1, 0, $2)
@@ -88,10 +89,13 @@ impl PgStore {
             let mut tx = client.transaction()?;
             tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ENGINE_LOCK])?;
             tx.batch_execute(&schema::tables("BIGSERIAL PRIMARY KEY"))?;
-            let found = tx
+            let found: Option<String> = tx
                 .query_opt(schema::READ_VERSION_SQL, &[])?
                 .map(|r| r.get(0));
-            if schema::check_version(found, schema::POSTGRES_VERSION)? {
+            if schema::check_version(found.clone(), schema::POSTGRES_VERSION)? {
+                for sql in schema::upgrades(found.as_deref(), schema::POSTGRES_PRIORITY_SINCE) {
+                    tx.batch_execute(sql)?;
+                }
                 tx.execute(
                     &schema::record_version_sql("$1"),
                     &[&schema::POSTGRES_VERSION.to_string()],
@@ -208,6 +212,7 @@ fn job(r: &Row) -> QueuedJob {
         tokens: r.get::<_, i64>(2) as u64,
         not_before_ms: r.get(3),
         expire_at_ms: r.get(4),
+        priority: crate::model::Priority::from_rank(r.get(5)),
     }
 }
 
@@ -299,6 +304,7 @@ impl Tx for PgTx<'_, '_> {
                 &(j.tokens as i64),
                 &j.not_before_ms,
                 &j.expire_at_ms,
+                &j.priority.rank(),
             ],
         )?;
         self.exec("depth_up", &[&j.tenant]).map(drop)
@@ -315,17 +321,31 @@ impl Tx for PgTx<'_, '_> {
             .opt("depth", &[&tenant])?
             .map_or(0, |r| r.get::<_, i64>(0) as u32))
     }
-    fn ready_head(&mut self, tenant: &str, now_ms: i64) -> Result<Option<QueuedJob>, StoreError> {
+    fn ready_head(
+        &mut self,
+        tenant: &str,
+        band: Priority,
+        now_ms: i64,
+    ) -> Result<Option<QueuedJob>, StoreError> {
         Ok(self
-            .opt("ready_head", &[&tenant, &now_ms])?
+            .opt("ready_head", &[&tenant, &now_ms, &band.rank()])?
             .map(|r| job(&r)))
     }
-    fn next_backlogged(&mut self, after: Option<&str>) -> Result<Option<String>, StoreError> {
+    fn next_backlogged(
+        &mut self,
+        band: Priority,
+        after: Option<&str>,
+    ) -> Result<Option<String>, StoreError> {
         let row = match after {
-            Some(after) => self.opt("next_after", &[&after])?,
-            None => self.opt("next_first", &[])?,
+            Some(after) => self.opt("next_after", &[&after, &band.rank()])?,
+            None => self.opt("next_first", &[&band.rank()])?,
         };
         Ok(row.map(|r| r.get(0)))
+    }
+    fn band_has_jobs(&mut self, tenant: &str, band: Priority) -> Result<bool, StoreError> {
+        Ok(self
+            .opt("band_has_jobs", &[&tenant, &band.rank()])?
+            .is_some_and(|r| r.get::<_, bool>(0)))
     }
     fn infeasible(&mut self, now_ms: i64) -> Result<Vec<QueuedJob>, StoreError> {
         Ok(self

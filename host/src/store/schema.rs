@@ -6,8 +6,31 @@ use super::StoreError;
 /// The schema version each dialect writes. SQLite's 2 added `bucket_log` (balances are
 /// logged and folded now and then, see `bucket_log`): a host of version 1 would read stale
 /// balances from such a database, so it refuses it. PostgreSQL writes balances in place.
-pub const SQLITE_VERSION: i64 = 2;
-pub const POSTGRES_VERSION: i64 = 1;
+/// SQLite's 3 and PostgreSQL's 2 added the queue's `priority` (dispatch bands).
+pub const SQLITE_VERSION: i64 = 3;
+pub const POSTGRES_VERSION: i64 = 2;
+/// The versions that added `queue.priority`, by dialect.
+pub const SQLITE_PRIORITY_SINCE: i64 = 3;
+pub const POSTGRES_PRIORITY_SINCE: i64 = 2;
+
+/// Adds `queue.priority` to a queue made before it: every job queued then is `standard`.
+const ADD_PRIORITY: &str = "ALTER TABLE queue ADD COLUMN priority BIGINT NOT NULL DEFAULT 1";
+/// The index dispatch seeks per band: the next backlogged tenant, then its oldest job.
+const BAND_INDEX: &str =
+    "CREATE INDEX IF NOT EXISTS queue_by_band ON queue (priority, tenant, seq)";
+
+/// What brings a schema found at version `found` (none: just created) up to date, after
+/// [`tables`] ran: columns added since, then the indexes that use them.
+pub fn upgrades(found: Option<&str>, priority_since: i64) -> Vec<&'static str> {
+    let mut out = Vec::new();
+    if let Some(v) = found.and_then(|v| v.parse::<i64>().ok()) {
+        if v < priority_since {
+            out.push(ADD_PRIORITY);
+        }
+    }
+    out.push(BAND_INDEX);
+    out
+}
 
 const TABLES: &str = "
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -21,7 +44,8 @@ CREATE INDEX IF NOT EXISTS operations_by_worker ON operations (worker, state)
     WHERE worker IS NOT NULL;
 CREATE TABLE IF NOT EXISTS queue (
     seq {seq}, tenant TEXT NOT NULL, key TEXT NOT NULL,
-    tokens BIGINT NOT NULL, not_before_ms BIGINT NOT NULL, expire_at_ms BIGINT NOT NULL);
+    tokens BIGINT NOT NULL, not_before_ms BIGINT NOT NULL, expire_at_ms BIGINT NOT NULL,
+    priority BIGINT NOT NULL DEFAULT 1);
 CREATE UNIQUE INDEX IF NOT EXISTS queue_by_tenant ON queue (tenant, seq);
 CREATE UNIQUE INDEX IF NOT EXISTS queue_by_key ON queue (tenant, key);
 CREATE INDEX IF NOT EXISTS queue_by_expiry ON queue (expire_at_ms);
@@ -77,5 +101,13 @@ mod tests {
             assert!(e.to_string().contains("is not 2"), "{e}");
         }
         assert!(check_version(Some("2".into()), 1).is_err());
+    }
+
+    #[test]
+    fn the_priority_column_is_added_to_queues_made_before_it() {
+        assert_eq!(upgrades(None, 3), vec![BAND_INDEX]);
+        assert_eq!(upgrades(Some("3"), 3), vec![BAND_INDEX]);
+        assert_eq!(upgrades(Some("2"), 3), vec![ADD_PRIORITY, BAND_INDEX]);
+        assert_eq!(upgrades(Some("1"), 2), vec![ADD_PRIORITY, BAND_INDEX]);
     }
 }

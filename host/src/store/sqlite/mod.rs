@@ -128,10 +128,13 @@ impl SqliteStore {
             let tx = conn.unchecked_transaction()?;
             tx.execute_batch(&schema::tables("INTEGER PRIMARY KEY AUTOINCREMENT"))?;
             tx.execute_batch(bucket_log::TABLE)?;
-            let found = tx
+            let found: Option<String> = tx
                 .query_row(schema::READ_VERSION_SQL, [], |r| r.get(0))
                 .optional()?;
-            if schema::check_version(found, schema::SQLITE_VERSION)? {
+            if schema::check_version(found.clone(), schema::SQLITE_VERSION)? {
+                for sql in schema::upgrades(found.as_deref(), schema::SQLITE_PRIORITY_SINCE) {
+                    tx.execute_batch(sql)?;
+                }
                 tx.execute(
                     &schema::record_version_sql("?1"),
                     [schema::SQLITE_VERSION.to_string()],

@@ -187,11 +187,16 @@ fn a_version_1_database_is_upgraded_and_a_newer_one_refused() {
     };
     set(&mut store, "a", 7);
     drop(store);
-    assert_eq!(version(&path), "2");
-    // What a host of version 1 left: balances in `buckets`, no log table.
+    assert_eq!(version(&path), "3");
+    // What a host of version 1 left: balances in `buckets`, no log table, a queue without
+    // priorities (with a job in it).
     let conn = Connection::open(&path).unwrap();
     conn.execute_batch(
         "DROP TABLE bucket_log;
+         DROP INDEX queue_by_band;
+         ALTER TABLE queue DROP COLUMN priority;
+         INSERT INTO queue (tenant, key, tokens, not_before_ms, expire_at_ms)
+             VALUES ('acme', 'old', 5, 0, 99);
          INSERT INTO buckets (name, balance_micro, updated_ms) VALUES ('a', 9, 1);
          UPDATE meta SET value = '1' WHERE name = 'schema_version';",
     )
@@ -199,16 +204,22 @@ fn a_version_1_database_is_upgraded_and_a_newer_one_refused() {
     let mut store = SqliteStore::open(&path).unwrap();
     assert_eq!(read(&mut store, "a"), Some(9));
     set(&mut store, "a", 8);
-    assert_eq!(version(&path), "2");
+    assert_eq!(version(&path), "3");
+    // The job queued before bands existed waits in the standard band.
+    let head = store
+        .transaction(|tx| tx.ready_head("acme", crate::model::Priority::Standard, 0))
+        .unwrap()
+        .unwrap();
+    assert_eq!((head.key.as_str(), head.tokens), ("old", 5));
     drop(store);
     conn.execute(
-        "UPDATE meta SET value = '3' WHERE name = 'schema_version'",
+        "UPDATE meta SET value = '4' WHERE name = 'schema_version'",
         [],
     )
     .unwrap();
     let e = SqliteStore::open(&path).err().unwrap().to_string();
-    assert!(e.contains("schema version 3 is not 2"), "{e}");
-    assert_eq!(version(&path), "3");
+    assert!(e.contains("schema version 4 is not 3"), "{e}");
+    assert_eq!(version(&path), "4");
     assert_eq!(in_sql(&path, "a"), Some(8));
 }
 

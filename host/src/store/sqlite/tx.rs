@@ -4,7 +4,7 @@
 use super::super::{QueuedJob, StoreError, Tx};
 use super::row_cache::RowCache;
 use crate::bucket;
-use crate::model::Operation;
+use crate::model::{Operation, Priority};
 use rusqlite::{params, Connection, OptionalExtension};
 
 pub(super) struct SqliteTx<'a> {
@@ -19,6 +19,7 @@ fn job_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<QueuedJob> {
         tokens: r.get::<_, i64>(2)? as u64,
         not_before_ms: r.get(3)?,
         expire_at_ms: r.get(4)?,
+        priority: Priority::from_rank(r.get(5)?),
     })
 }
 
@@ -145,9 +146,17 @@ impl Tx for SqliteTx<'_> {
     fn enqueue(&mut self, job: &QueuedJob) -> Result<(), StoreError> {
         self.tx
             .prepare_cached(
-                "INSERT INTO queue (tenant, key, tokens, not_before_ms, expire_at_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
+                "INSERT INTO queue (tenant, key, tokens, not_before_ms, expire_at_ms, priority)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
             )?
-            .execute(params![job.tenant, job.key, job.tokens as i64, job.not_before_ms, job.expire_at_ms])?;
+            .execute(params![
+                job.tenant,
+                job.key,
+                job.tokens as i64,
+                job.not_before_ms,
+                job.expire_at_ms,
+                job.priority.rank()
+            ])?;
         self.tx
             .prepare_cached(
                 "INSERT INTO tenant_queues (tenant, depth, deficit) VALUES (?1, 1, 0)
@@ -180,41 +189,57 @@ impl Tx for SqliteTx<'_> {
             .unwrap_or(0))
     }
 
-    fn ready_head(&mut self, tenant: &str, now_ms: i64) -> Result<Option<QueuedJob>, StoreError> {
+    fn ready_head(
+        &mut self,
+        tenant: &str,
+        band: Priority,
+        now_ms: i64,
+    ) -> Result<Option<QueuedJob>, StoreError> {
         let mut st = self.tx.prepare_cached(
-            "SELECT tenant, key, tokens, not_before_ms, expire_at_ms FROM queue
-             WHERE tenant = ?1 AND not_before_ms <= ?2 ORDER BY seq LIMIT 1",
+            "SELECT tenant, key, tokens, not_before_ms, expire_at_ms, priority FROM queue
+             WHERE priority = ?3 AND tenant = ?1 AND not_before_ms <= ?2 ORDER BY seq LIMIT 1",
         )?;
         Ok(st
-            .query_row(params![tenant, now_ms], job_from_row)
+            .query_row(params![tenant, now_ms, band.rank()], job_from_row)
             .optional()?)
     }
 
-    fn next_backlogged(&mut self, after: Option<&str>) -> Result<Option<String>, StoreError> {
-        // Two statements, so that each is a plain seek on the partial index.
+    fn next_backlogged(
+        &mut self,
+        band: Priority,
+        after: Option<&str>,
+    ) -> Result<Option<String>, StoreError> {
+        // Two statements, so that each is a plain seek on the band index.
         let row = match after {
             Some(after) => self
                 .tx
                 .prepare_cached(
-                    "SELECT tenant FROM tenant_queues WHERE depth > 0 AND tenant > ?1
+                    "SELECT tenant FROM queue WHERE priority = ?2 AND tenant > ?1
                      ORDER BY tenant LIMIT 1",
                 )?
-                .query_row([after], |r| r.get(0))
+                .query_row(params![after, band.rank()], |r| r.get(0))
                 .optional()?,
             None => self
                 .tx
                 .prepare_cached(
-                    "SELECT tenant FROM tenant_queues WHERE depth > 0 ORDER BY tenant LIMIT 1",
+                    "SELECT tenant FROM queue WHERE priority = ?1 ORDER BY tenant LIMIT 1",
                 )?
-                .query_row([], |r| r.get(0))
+                .query_row([band.rank()], |r| r.get(0))
                 .optional()?,
         };
         Ok(row)
     }
 
+    fn band_has_jobs(&mut self, tenant: &str, band: Priority) -> Result<bool, StoreError> {
+        let mut st = self.tx.prepare_cached(
+            "SELECT EXISTS (SELECT 1 FROM queue WHERE priority = ?2 AND tenant = ?1)",
+        )?;
+        Ok(st.query_row(params![tenant, band.rank()], |r| r.get(0))?)
+    }
+
     fn infeasible(&mut self, now_ms: i64) -> Result<Vec<QueuedJob>, StoreError> {
         let mut st = self.tx.prepare_cached(
-            "SELECT tenant, key, tokens, not_before_ms, expire_at_ms FROM queue
+            "SELECT tenant, key, tokens, not_before_ms, expire_at_ms, priority FROM queue
              WHERE expire_at_ms <= ?1 ORDER BY expire_at_ms, seq",
         )?;
         let rows = st.query_map([now_ms], job_from_row)?;

@@ -1,5 +1,9 @@
-//! `tollgate policy`: list the built-in policies, check a component as activation would,
-//! and swap or roll back the policy of a running server.
+//! `tollgate policy`: make, build and test a policy project; list the built-in policies,
+//! check a component as activation would, and swap or roll back the policy of a running
+//! server.
+
+mod build;
+mod scaffold;
 
 use super::engine_with;
 use std::path::PathBuf;
@@ -10,6 +14,33 @@ use tollgate::store::{AnyStore, SqliteStore};
 
 #[derive(clap::Subcommand)]
 pub enum Command {
+    /// Write a new policy project (SDK, world, an example rule, a scenario file, a README) into NAME.
+    New {
+        /// The project's folder; its last part names the policy.
+        name: PathBuf,
+        #[arg(long, default_value = "rust")]
+        lang: String,
+    },
+    /// Build a policy project into a component and print its path, size, world and SHA-256.
+    Build {
+        /// The project's folder.
+        #[arg(default_value = ".")]
+        dir: PathBuf,
+        /// Where to write the component (default: DIR/target/NAME.wasm).
+        #[arg(short = 'o', long = "out")]
+        out: Option<PathBuf>,
+    },
+    /// Check a policy as `policy check` does, then run scenario files with it, ending "N passed, M failed".
+    Test {
+        /// A project folder (built first) or a `.wasm` component.
+        #[arg(default_value = ".")]
+        target: PathBuf,
+        /// Scenario files or folders (default: the project's `scenarios/`).
+        scenarios: Vec<PathBuf>,
+        /// The configuration the checks run with (default: the defaults).
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
     /// Check a component as activation would (world, self-check, smoke decisions) and print its identity.
     Check {
         /// Built-in name or `.wasm` file.
@@ -43,6 +74,26 @@ pub enum Command {
 
 pub fn run(command: Command) -> Result<ExitCode, String> {
     match command {
+        Command::New { name, lang } => {
+            let written = scaffold::new_project(&name, &lang)?;
+            for path in written {
+                println!("{path}");
+            }
+            println!(
+                "next: tollgate policy build {0} && tollgate policy test {0}",
+                name.display()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Build { dir, out } => {
+            build::build(&dir, out.as_deref())?.print();
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Test {
+            target,
+            scenarios,
+            config,
+        } => test(&target, scenarios, config),
         Command::List => list(),
         Command::Check {
             policy,
@@ -78,7 +129,10 @@ fn list() -> Result<ExitCode, String> {
     for name in builtin::names() {
         let bytes = builtin::get(name).unwrap();
         match runtime.load(bytes, u64::MAX) {
-            Ok(p) => println!("{name}\t{}\t{}", p.info.version, p.digest),
+            Ok(p) => println!(
+                "{name}\t{}\tworld {}\t{}",
+                p.info.version, p.world, p.digest
+            ),
             Err(e) => println!("{name}\trefused: {e}"),
         }
     }
@@ -103,8 +157,9 @@ fn check(
             if !verify_with.is_empty() {
                 println!("verified against the scenarios in {verify_with:?}");
             }
+            let world = p.world().map_or("native".into(), |w| w.to_string());
             println!(
-                "ok\t{}\t{}\t{}",
+                "ok\t{}\t{}\tworld {world}\t{}",
                 p.info().name,
                 p.info().version,
                 p.digest()
@@ -116,6 +171,49 @@ fn check(
             Ok(ExitCode::FAILURE)
         }
     }
+}
+
+/// `policy test`: the checks of `policy check`, then the scenarios, counted together.
+fn test(
+    target: &std::path::Path,
+    mut scenarios: Vec<PathBuf>,
+    config: Option<PathBuf>,
+) -> Result<ExitCode, String> {
+    let component = if target.is_dir() {
+        let built = build::build(target, None)?;
+        built.print();
+        if scenarios.is_empty() && target.join("scenarios").is_dir() {
+            scenarios.push(target.join("scenarios"));
+        }
+        built.path
+    } else {
+        target.to_path_buf()
+    };
+    let component =
+        std::fs::canonicalize(&component).map_err(|e| format!("{}: {e}", component.display()))?;
+    let bytes = std::fs::read(&component).map_err(|e| format!("{}: {e}", component.display()))?;
+    let (mut passed, mut failed) = (0, 0);
+    let file = super::load_config(config.as_deref())?;
+    let store = SqliteStore::in_memory().map_err(|e| e.to_string())?;
+    let engine = engine_with(file.engine, AnyStore::Sqlite(store), "standard")?;
+    match engine.check_candidate(&bytes) {
+        Ok(_) => passed += 1,
+        Err(e) => {
+            failed += 1;
+            println!("FAIL policy check: {e}");
+        }
+    }
+    let files = tollgate::scenario::collect(&scenarios)?;
+    let runtime = Runtime::new().map_err(|e| format!("starting wasmtime: {e:#}"))?;
+    let mut runner = tollgate::scenario::Runner::new(runtime);
+    runner.default_policy = component.display().to_string();
+    let (p, f) = super::conformance::run_files(&runner, files, None);
+    println!("{} passed, {} failed", passed + p, failed + f);
+    Ok(if failed + f == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }
 
 fn print_admin_answer(response: Result<ureq::Response, ureq::Error>) -> Result<ExitCode, String> {

@@ -1,0 +1,266 @@
+//! Shadow mode: a candidate policy asked beside the active one on live admissions. Its
+//! verdicts go through the same host checks (plan contract, deadline, never-fit bound,
+//! budgets, queue bound) on the same snapshot, and are counted against the live answers;
+//! they are never carried out, never spend, and a fault of the shadow is only counted.
+
+use super::admission::Decision;
+use super::swap::{PolicyIdentity, SwapError, Verifier};
+use super::Engine;
+use crate::model::{Priority, Request, Route};
+use crate::runtime::{self, Decider, DecisionView};
+use crate::store::{Store, StoreError, Tx};
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, Mutex};
+
+/// Disagreements kept for `GET /v1/admin/policy/shadow`, newest last.
+pub const RECENT_DISAGREEMENTS: usize = 20;
+
+/// An installed shadow policy and what it has been seen to decide.
+pub(super) struct Shadow {
+    policy: Arc<dyn Decider>,
+    /// The share of live decisions it is asked about, in millionths.
+    sample_ppm: u32,
+    stats: Mutex<Stats>,
+}
+
+#[derive(Default)]
+struct Stats {
+    decisions: u64,
+    agreements: u64,
+    by_outcome: BTreeMap<(String, String), u64>,
+    recent: VecDeque<Disagreement>,
+}
+
+/// One live decision where the shadow would have answered otherwise.
+#[derive(Clone, Debug, Serialize)]
+pub struct Disagreement {
+    /// The decision's logical time.
+    pub at_ms: i64,
+    /// The request, as validated.
+    pub tenant: String,
+    /// The operation key.
+    pub key: String,
+    /// Interactive or durable.
+    pub route: Route,
+    /// Prompt tokens.
+    pub input_tokens: u64,
+    /// The output cap asked for.
+    pub max_output_tokens: u64,
+    /// The model, when named.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// The priority.
+    pub priority: Priority,
+    /// The labels.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// What the active policy answered (`accepted`, `queued`, `rejected:<reason>`).
+    pub active: String,
+    /// What the shadow would have answered.
+    pub shadow: String,
+}
+
+/// Counts of one pair of answers.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct OutcomePair {
+    /// The active policy's answer.
+    pub active: String,
+    /// The shadow's answer.
+    pub shadow: String,
+    /// How many live decisions had this pair.
+    pub count: u64,
+}
+
+/// What `GET /v1/admin/policy/shadow` answers.
+#[derive(Clone, Debug, Serialize)]
+pub struct ShadowReport {
+    /// The shadow policy.
+    pub policy: PolicyIdentity,
+    /// The share of live decisions it is asked about.
+    pub sample: f64,
+    /// Live decisions it was asked about.
+    pub decisions: u64,
+    /// Of those, the ones where it answered as the active policy did.
+    pub agreements: u64,
+    /// The others.
+    pub disagreements: u64,
+    /// Every pair of answers seen, with its count.
+    pub by_outcome: Vec<OutcomePair>,
+    /// The latest disagreements, newest last.
+    pub recent_disagreements: Vec<Disagreement>,
+}
+
+/// An answer's label: its outcome, and the reason of a refusal.
+fn label(d: &Decision) -> String {
+    match d.reason {
+        Some(r) => format!("rejected:{}", r.as_str()),
+        None => d.outcome.as_str().to_string(),
+    }
+}
+
+/// Whether the key falls in the sample: the same on every replica and every rerun.
+fn sampled(sample_ppm: u32, tenant: &str, key: &str) -> bool {
+    if sample_ppm >= 1_000_000 {
+        return true;
+    }
+    let mut h = Sha256::new();
+    h.update(tenant.as_bytes());
+    h.update([0]);
+    h.update(key.as_bytes());
+    let d = h.finalize();
+    u32::from_le_bytes(d[..4].try_into().unwrap()) % 1_000_000 < sample_ppm
+}
+
+impl<S: Store> Engine<S> {
+    /// Checks `bytes` as a swap would and installs it as the shadow, asked about `sample`
+    /// (0 to 1) of live admissions. A shadow installed before is replaced, its counts gone.
+    pub fn install_shadow(
+        &self,
+        bytes: &[u8],
+        verifier: &dyn Verifier,
+        sample: f64,
+    ) -> Result<PolicyIdentity, SwapError> {
+        if !(sample > 0.0 && sample <= 1.0) {
+            return Err(SwapError::Verify(format!(
+                "sample must be above 0 and at most 1, not {sample}"
+            )));
+        }
+        let policy = self.check_verified(bytes, verifier)?;
+        let identity = PolicyIdentity::of(policy.as_ref());
+        let shadow = Shadow {
+            policy,
+            sample_ppm: (sample * 1_000_000.0).round() as u32,
+            stats: Mutex::default(),
+        };
+        *self.shadow.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(shadow));
+        Ok(identity)
+    }
+
+    /// Removes the shadow; its identity, or `None` when there was none.
+    pub fn remove_shadow(&self) -> Option<PolicyIdentity> {
+        let old = self
+            .shadow
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        old.map(|s| PolicyIdentity::of(s.policy.as_ref()))
+    }
+
+    /// The shadow's counts so far; `None` when no shadow is installed.
+    pub fn shadow_report(&self) -> Option<ShadowReport> {
+        let shadow = self
+            .shadow
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()?;
+        let stats = shadow.stats.lock().unwrap_or_else(|e| e.into_inner());
+        Some(ShadowReport {
+            policy: PolicyIdentity::of(shadow.policy.as_ref()),
+            sample: f64::from(shadow.sample_ppm) / 1_000_000.0,
+            decisions: stats.decisions,
+            agreements: stats.agreements,
+            disagreements: stats.decisions - stats.agreements,
+            by_outcome: stats
+                .by_outcome
+                .iter()
+                .map(|((active, shadow), count)| OutcomePair {
+                    active: active.clone(),
+                    shadow: shadow.clone(),
+                    count: *count,
+                })
+                .collect(),
+            recent_disagreements: stats.recent.iter().cloned().collect(),
+        })
+    }
+
+    /// Whether a shadow is installed (the admission path clones the view only then).
+    pub(super) fn has_shadow(&self) -> bool {
+        self.shadow
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
+    }
+
+    /// Asks the shadow about a fresh admission the active policy answered with `live`, on
+    /// the same snapshot, and counts the pair. Nothing is written; nothing can fail the
+    /// live decision (a store error here is dropped with the shadow's verdict).
+    pub(super) fn shadow_decision(
+        &self,
+        tx: &mut dyn Tx,
+        req: &Request,
+        guest_req: &runtime::Request,
+        view: Option<DecisionView>,
+        live: &Decision,
+        now_ms: i64,
+    ) {
+        let Some(view) = view else {
+            return;
+        };
+        let shadow = self
+            .shadow
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let Some(shadow) = shadow else {
+            return;
+        };
+        if !sampled(shadow.sample_ppm, &req.tenant, &req.key) {
+            return;
+        }
+        let verdict: Result<_, StoreError> =
+            self.judge(tx, shadow.policy.as_ref(), req, guest_req, view, now_ms);
+        let shadow_label = match verdict {
+            Ok(Ok(_)) => match req.route {
+                Route::Interactive => "accepted".to_string(),
+                Route::Durable => "queued".to_string(),
+            },
+            Ok(Err(refused)) => label(&refused),
+            Err(_) => "store_error".to_string(),
+        };
+        let live_label = label(live);
+        let mut stats = shadow.stats.lock().unwrap_or_else(|e| e.into_inner());
+        stats.decisions += 1;
+        if live_label == shadow_label {
+            stats.agreements += 1;
+        } else {
+            if stats.recent.len() == RECENT_DISAGREEMENTS {
+                stats.recent.pop_front();
+            }
+            stats.recent.push_back(Disagreement {
+                at_ms: now_ms,
+                tenant: req.tenant.clone(),
+                key: req.key.clone(),
+                route: req.route,
+                input_tokens: req.input_tokens,
+                max_output_tokens: req.max_output_tokens,
+                model: req.model.clone(),
+                priority: req.priority,
+                labels: req.labels.clone(),
+                active: live_label.clone(),
+                shadow: shadow_label.clone(),
+            });
+        }
+        *stats
+            .by_outcome
+            .entry((live_label, shadow_label))
+            .or_insert(0) += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sampled;
+
+    #[test]
+    fn sampling_is_by_key_and_near_the_asked_share() {
+        assert!(sampled(1_000_000, "t", "k"));
+        assert!(!sampled(0, "t", "k"));
+        let hits = (0..10_000)
+            .filter(|i| sampled(250_000, "t", &format!("k{i}")))
+            .count();
+        assert!((2_200..2_800).contains(&hits), "{hits}");
+        assert_eq!(sampled(500_000, "t", "k7"), sampled(500_000, "t", "k7"));
+    }
+}
