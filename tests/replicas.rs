@@ -227,3 +227,39 @@ fn a_failing_job_in_a_batch_rolls_back_alone_on_postgres() {
     let done = Some("done".to_string());
     assert_eq!(jobs, vec![done.clone(), done.clone(), None, done]);
 }
+
+/// A database written by the release before dispatch bands (schema version 1: a queue
+/// without priorities) opens in this one, upgraded in place, and its queued job is claimed.
+#[test]
+#[ignore = "needs PostgreSQL: run by .ci/run with TOLLGATE_TEST_POSTGRES"]
+fn a_queue_written_before_priority_bands_is_upgraded_and_its_jobs_claimed() {
+    use tollgate::store::{PgStore, Store};
+    let db = Database::create("upgrade");
+    let config = json!({"tenants": {"acme": {}}});
+    let queued = common::request("acme", "old-job", "durable", 10, i64::MAX);
+    {
+        let engine = common::engine_on(config.clone(), PgStore::open(&db.url()).unwrap(), "standard");
+        assert_eq!(engine.admit(&queued, 0).unwrap().http, 202);
+    }
+    // What the earlier release left: no `priority` column, no band index, version 1.
+    let mut c = postgres::Client::connect(&db.url(), postgres::NoTls).unwrap();
+    c.batch_execute(
+        "DROP INDEX queue_by_band; ALTER TABLE queue DROP COLUMN priority;
+         UPDATE meta SET value = '1' WHERE name = 'schema_version'",
+    )
+    .unwrap();
+    let mut store = PgStore::open(&db.url()).unwrap();
+    let version: String = c
+        .query_one("SELECT value FROM meta WHERE name = 'schema_version'", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(version, "2");
+    let depth = store.transaction(|tx| tx.queue_depth("acme")).unwrap();
+    assert_eq!(depth, 1);
+    let engine = common::engine_on(config, store, "standard");
+    // A retry of the same request is the same operation.
+    assert_eq!(engine.admit(&queued, 1).unwrap().outcome.as_str(), "duplicate_active");
+    let claimed = engine.dispatch("w1", 1, 2).unwrap();
+    assert_eq!(claimed.claimed.len(), 1, "{claimed:?}");
+    assert_eq!(claimed.claimed[0].key, "old-job");
+}

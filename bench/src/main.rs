@@ -253,6 +253,17 @@ fn bench_admissions(a: &AdmitBenchArgs) -> Result<ExitCode, String> {
     let wasm_run = admissions(wasm.clone(), a.store, &dir, tenants, ops, batch)?;
     let native_run = admissions(native, a.store, &dir, tenants, ops, batch)?;
     let store_run = admissions(fixed, a.store, &dir, tenants, ops, batch)?;
+    // The writer's cost of shadow mode: the same rules asked twice per admission.
+    let standard = builtin::get("standard").unwrap();
+    let shadow_run = store::admissions_with_shadow(
+        wasm.clone(),
+        Some(standard),
+        a.store,
+        &dir,
+        tenants,
+        ops,
+        batch,
+    )?;
     // Per-call latency: one transaction per admission, as an embedding library call.
     let latency_run = admissions(wasm, a.store, &dir, tenants, (ops / 4).max(1000), 1)?;
     let redis_dir = dir.join("redis");
@@ -272,6 +283,10 @@ fn bench_admissions(a: &AdmitBenchArgs) -> Result<ExitCode, String> {
     );
     println!(
         "{:<28} {:>12.0}",
+        "wasm + shadow (standard)", shadow_run.per_s
+    );
+    println!(
+        "{:<28} {:>12.0}",
         "wasm, one commit per call", latency_run.per_s
     );
     match redis {
@@ -282,6 +297,7 @@ fn bench_admissions(a: &AdmitBenchArgs) -> Result<ExitCode, String> {
         ),
     }
     println!("wasm/native: {:.2}", wasm_run.per_s / native_run.per_s);
+    println!("with shadow/without: {:.2}", shadow_run.per_s / wasm_run.per_s);
     println!(
         "per admission (one commit per call): p50 {:.1} us, p99 {:.1} us",
         latency_run.p50_us, latency_run.p99_us
@@ -291,6 +307,7 @@ fn bench_admissions(a: &AdmitBenchArgs) -> Result<ExitCode, String> {
             "wasm_per_s": wasm_run.per_s.round(),
             "native_per_s": native_run.per_s.round(),
             "store_only_per_s": store_run.per_s.round(),
+            "shadow_per_s": shadow_run.per_s.round(),
             "unbatched_wasm_per_s": latency_run.per_s.round(),
             "p50_us": (latency_run.p50_us * 10.0).round() / 10.0,
             "p99_us": (latency_run.p99_us * 10.0).round() / 10.0,

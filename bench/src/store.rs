@@ -178,6 +178,19 @@ pub fn admissions(
     ops: u64,
     batch: usize,
 ) -> Result<Throughput, String> {
+    admissions_with_shadow(decider, None, store, dir, tenants, ops, batch)
+}
+
+/// As [`admissions`], with `shadow` (a component) asked beside the policy on every one.
+pub fn admissions_with_shadow(
+    decider: Arc<dyn tollgate::runtime::Decider>,
+    shadow: Option<&[u8]>,
+    store: StoreKind,
+    dir: &Path,
+    tenants: u32,
+    ops: u64,
+    batch: usize,
+) -> Result<Throughput, String> {
     use tollgate::engine::{Completion, Job};
     let store = match store {
         StoreKind::Memory => SqliteStore::in_memory(),
@@ -194,6 +207,11 @@ pub fn admissions(
     let config = admit_config(tenants);
     let tenant_names: Vec<String> = config.tenants.keys().cloned().collect();
     let engine = Engine::new(config, store, runtime, decider);
+    if let Some(bytes) = shadow {
+        engine
+            .install_shadow(bytes, &tollgate::engine::NoVerifier, 1.0)
+            .map_err(|e| e.to_string())?;
+    }
     let request = |i: u64| tollgate::model::Request {
         tenant: tenant_names[(i % u64::from(tenants)) as usize].clone(),
         key: format!("op-{i}"),
