@@ -238,7 +238,11 @@ fn a_queue_written_before_priority_bands_is_upgraded_and_its_jobs_claimed() {
     let config = json!({"tenants": {"acme": {}}});
     let queued = common::request("acme", "old-job", "durable", 10, i64::MAX);
     {
-        let engine = common::engine_on(config.clone(), PgStore::open(&db.url()).unwrap(), "standard");
+        let engine = common::engine_on(
+            config.clone(),
+            PgStore::open(&db.url()).unwrap(),
+            "standard",
+        );
         assert_eq!(engine.admit(&queued, 0).unwrap().http, 202);
     }
     // What the earlier release left: no `priority` column, no band index, version 1.
@@ -258,7 +262,10 @@ fn a_queue_written_before_priority_bands_is_upgraded_and_its_jobs_claimed() {
     assert_eq!(depth, 1);
     let engine = common::engine_on(config, store, "standard");
     // A retry of the same request is the same operation.
-    assert_eq!(engine.admit(&queued, 1).unwrap().outcome.as_str(), "duplicate_active");
+    assert_eq!(
+        engine.admit(&queued, 1).unwrap().outcome.as_str(),
+        "duplicate_active"
+    );
     let claimed = engine.dispatch("w1", 1, 2).unwrap();
     assert_eq!(claimed.claimed.len(), 1, "{claimed:?}");
     assert_eq!(claimed.claimed[0].key, "old-job");

@@ -297,7 +297,10 @@ fn bench_admissions(a: &AdmitBenchArgs) -> Result<ExitCode, String> {
         ),
     }
     println!("wasm/native: {:.2}", wasm_run.per_s / native_run.per_s);
-    println!("with shadow/without: {:.2}", shadow_run.per_s / wasm_run.per_s);
+    println!(
+        "with shadow/without: {:.2}",
+        shadow_run.per_s / wasm_run.per_s
+    );
     println!(
         "per admission (one commit per call): p50 {:.1} us, p99 {:.1} us",
         latency_run.p50_us, latency_run.p99_us

@@ -17,7 +17,7 @@ import stub_upstream  # noqa: E402
 
 ADMIN = "admin-key"
 KEYS = {"acme": "acme-key", "globex": "globex-key", "tight": "tight-key", "slotty": "slotty-key",
-        "shrink": "shrink-key"}
+        "shrink": "shrink-key", "priced": "priced-key"}
 MODEL = "gpt-4o-mini"
 
 
@@ -45,7 +45,11 @@ class Gateway(unittest.TestCase):
             "tenants": {"acme": {}, "globex": {},
                         "tight": {"tokens": {"capacity": 100, "refill_per_s": 0}},
                         "shrink": {"tokens": {"capacity": 300, "refill_per_s": 0}},
-                        "slotty": {"concurrency": 5}},
+                        "slotty": {"concurrency": 5},
+                        "priced": {"cost_microusd": {"capacity": 100, "refill_per_s": 0}}},
+            # The gateway's models, with their budgets and prices.
+            "models": {MODEL: {"price_microusd_per_token": {"input": 1, "output": 1}},
+                       "no-tokenizer": {}},
             # A request that can never fit its token bucket is cut to 50 output tokens.
             "policy_params": {"degrade_on_token_shortage": True, "degraded_max_output_tokens": 50},
             "gateway": {
@@ -254,6 +258,28 @@ class Gateway(unittest.TestCase):
         self.assertEqual(self.stub_calls("two please"), [])
         with self.assertRaises(openai.AuthenticationError):
             openai.OpenAI(api_key="nobody", base_url=self.base + "/v1").models.list()
+
+    def test_a_model_price_spends_the_tenants_money_budget_and_headers_set_priority_and_labels(self):
+        with self.assertRaises(openai.RateLimitError) as caught:
+            self.client("priced", max_retries=0).chat.completions.create(
+                model=MODEL, max_tokens=500, messages=[{"role": "user", "content": "too dear"}])
+        self.assertEqual(caught.exception.code, "cost_budget")
+        self.assertEqual(self.stub_calls("too dear"), [], "refused before the upstream")
+        self.assertEqual(self.inspect()["buckets"]["tenant.priced.cost_microusd"], 100)
+        answer = self.client("priced").chat.completions.with_raw_response.create(
+            model=MODEL, max_tokens=20, messages=[{"role": "user", "content": "cheap"}],
+            extra_headers={"x-tollgate-priority": "critical", "x-tollgate-labels": "tier=gold"})
+        self.assertEqual(answer.parse().choices[0].message.content, stub_upstream.ANSWER)
+        # Spent at the reported usage's price (refunds are on): below the full reservation.
+        left = self.inspect()["buckets"]["tenant.priced.cost_microusd"]
+        usage = answer.parse().usage
+        self.assertEqual(left, 100 - usage.prompt_tokens - usage.completion_tokens)
+        for headers in [{"x-tollgate-priority": "urgent"}, {"x-tollgate-labels": "novalue"}]:
+            with self.assertRaises(openai.BadRequestError):
+                self.client("priced").chat.completions.create(
+                    model=MODEL, max_tokens=5, messages=[{"role": "user", "content": "bad header"}],
+                    extra_headers=headers)
+        self.assertEqual(self.stub_calls("bad header"), [])
 
     def test_a_caller_leaving_mid_stream_does_not_make_the_outcome_unknown(self):
         stream = self.client().chat.completions.create(

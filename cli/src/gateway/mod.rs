@@ -287,6 +287,11 @@ async fn read_call(
     // The same name as the top-level `models` section's: its budgets apply, and policies
     // see which model a call is for.
     admission["model"] = json!(model);
+    if let Some(labels) = headers.get("x-tollgate-labels") {
+        admission["labels"] = labels_header(labels).ok_or_else(|| {
+            invalid("x-tollgate-labels must be key=value pairs separated by commas")
+        })?;
+    }
     let request = tollgate::validate::request(&admission, s.engine.config()).map_err(|reason| {
         ApiError::new(
             reason.http(),
@@ -305,6 +310,22 @@ async fn read_call(
         caller_wants_usage,
         request,
     })
+}
+
+/// `x-tollgate-labels: tier=free, team=search` as the labels object of an admission (whose
+/// validation bounds their number and sizes).
+fn labels_header(value: &axum::http::HeaderValue) -> Option<Value> {
+    let mut labels = serde_json::Map::new();
+    for pair in value.to_str().ok()?.split(',') {
+        let (k, v) = pair.split_once('=')?;
+        if labels
+            .insert(k.trim().to_string(), json!(v.trim()))
+            .is_some()
+        {
+            return None;
+        }
+    }
+    Some(Value::Object(labels))
 }
 
 fn sha256_hex(bytes: &[u8]) -> String {
