@@ -355,3 +355,51 @@ fn a_shadow_policy_is_counted_on_live_traffic_and_never_changes_an_answer() {
     let (status, _, _) = s.call("GET", "/v1/admin/policy/shadow", Some(ADMIN), None);
     assert_eq!(status, 404);
 }
+
+/// The policy state is the store's: a swapped policy and a shadow outlive a restart whose
+/// configuration names another policy, and rollback goes back to the one before the swap.
+#[test]
+fn a_swapped_policy_and_its_shadow_outlive_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path(), &config());
+    let swapped = ureq::put(&format!("{}/v1/admin/policy", s.base))
+        .set("Authorization", &format!("Bearer {ADMIN}"))
+        .send_bytes(&common::policy_bytes("deny-all"))
+        .unwrap();
+    assert_eq!(swapped.status(), 200);
+    let (status, _) = put_shadow(&s, "?sample=0.5", &common::policy_bytes("standard"));
+    assert_eq!(status, 200);
+    assert!(s.stop().success());
+
+    // The configuration still names the standard policy: the store's wins.
+    let s = Server::start(dir.path(), &config());
+    let policy = s.call("GET", "/v1/admin/policy", Some(ADMIN), None).2;
+    assert_eq!(policy["name"], "deny-all", "{policy}");
+    let (status, _, shadow) = s.call("GET", "/v1/admin/policy/shadow", Some(ADMIN), None);
+    assert_eq!(status, 200, "{shadow}");
+    assert_eq!(
+        (shadow["policy"]["name"].as_str(), shadow["sample"].as_f64()),
+        (Some("standard"), Some(0.5)),
+        "{shadow}"
+    );
+    assert_eq!(
+        s.admit(CALLER, request("r1", "interactive", 10)).2["reason"],
+        "overloaded"
+    );
+    let (status, _, back) = s.call("POST", "/v1/admin/policy/rollback", Some(ADMIN), None);
+    assert_eq!((status, back["name"].as_str()), (200, Some("standard")));
+    let (status, _, _) = s.call("DELETE", "/v1/admin/policy/shadow", Some(ADMIN), None);
+    assert_eq!(status, 200);
+    assert!(s.stop().success());
+
+    let s = Server::start(dir.path(), &config());
+    assert_eq!(
+        s.call("GET", "/v1/admin/policy", Some(ADMIN), None).2["name"],
+        "standard"
+    );
+    let (status, _, _) = s.call("GET", "/v1/admin/policy/shadow", Some(ADMIN), None);
+    assert_eq!(status, 404, "the removed shadow stays removed");
+    let (status, _, answer) = s.admit(CALLER, request("r2", "interactive", 10));
+    assert_eq!(status, 200, "{answer}");
+    assert!(s.stop().success());
+}

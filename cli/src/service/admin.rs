@@ -30,6 +30,10 @@ pub(super) async fn policy_put(
             set_policy_gauge(&s.engine, &s.metrics);
             Ok(axum::Json(json!(identity)).into_response())
         }
+        Err(e @ tollgate::engine::SwapError::Store(_)) => {
+            tracing::warn!(error = %e, "the store could not record the policy");
+            Err(refuse(503, "store_unavailable"))
+        }
         Err(e) => {
             tracing::warn!(error = %e, "policy refused");
             let body =
@@ -44,11 +48,21 @@ pub(super) async fn policy_rollback(
     headers: HeaderMap,
 ) -> Result<Response, Refusal> {
     admin(&s, &headers)?;
-    match s.engine.rollback() {
+    let engine = s.engine.clone();
+    let rolled = tokio::task::spawn_blocking(move || engine.rollback())
+        .await
+        .map_err(|_| refuse(500, "internal"))?;
+    match rolled {
         Ok(identity) => {
             tracing::info!(name = %identity.name, sha256 = %identity.sha256, "policy rolled back");
             set_policy_gauge(&s.engine, &s.metrics);
             Ok(axum::Json(json!(identity)).into_response())
+        }
+        Err(e @ (tollgate::engine::SwapError::Store(_) | tollgate::engine::SwapError::Load(_))) => {
+            tracing::warn!(error = %e, "rollback failed");
+            let body =
+                json!({"outcome": "rejected", "reason": "rollback_failed", "error": e.to_string()});
+            Ok((StatusCode::SERVICE_UNAVAILABLE, axum::Json(body)).into_response())
         }
         Err(e) => {
             let body = json!({"outcome": "rejected", "reason": "no_previous_policy", "error": e.to_string()});
@@ -89,6 +103,10 @@ pub(super) async fn shadow_put(
             tracing::info!(name = %identity.name, sha256 = %identity.sha256, sample, "shadow policy installed");
             Ok(axum::Json(json!({"shadow": identity, "sample": sample})).into_response())
         }
+        Err(e @ tollgate::engine::SwapError::Store(_)) => {
+            tracing::warn!(error = %e, "the store could not record the policy");
+            Err(refuse(503, "store_unavailable"))
+        }
         Err(e) => {
             tracing::warn!(error = %e, "shadow policy refused");
             let body =
@@ -114,7 +132,12 @@ pub(super) async fn shadow_delete(
     headers: HeaderMap,
 ) -> Result<Response, Refusal> {
     admin(&s, &headers)?;
-    match s.engine.remove_shadow() {
+    let engine = s.engine.clone();
+    let removed = tokio::task::spawn_blocking(move || engine.remove_shadow())
+        .await
+        .map_err(|_| refuse(500, "internal"))?
+        .map_err(|_| refuse(503, "store_unavailable"))?;
+    match removed {
         Some(identity) => {
             tracing::info!(name = %identity.name, sha256 = %identity.sha256, "shadow policy removed");
             s.metrics.shadow.reset();
@@ -229,6 +252,8 @@ pub(super) async fn refresh_levels(s: &AppState) -> Result<(), Refusal> {
     s.metrics
         .log_lines_dropped
         .set(tollgate::runtime::log_lines_dropped() as i64);
+    // Another replica may have swapped it since this one did.
+    set_policy_gauge(&s.engine, &s.metrics);
     if let Some(report) = s.engine.shadow_report() {
         for pair in &report.by_outcome {
             s.metrics

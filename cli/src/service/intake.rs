@@ -8,6 +8,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 use tokio::sync::Semaphore;
 
 /// Which lane a job waits in: its tenant, or `None` for jobs that act for no tenant.
@@ -71,16 +72,25 @@ impl<T> Intake<T> {
         Ok(())
     }
 
-    /// Waits for jobs and takes up to `most`, one per lane per turn. `None` once every
-    /// sender is gone and nothing waits.
-    pub fn take(&self, most: usize) -> Option<Vec<T>> {
+    /// Waits (at most `idle`) for jobs and takes up to `most`, one per lane per turn: none
+    /// when `idle` passed first, `None` once every sender is gone and nothing waits.
+    pub fn take(&self, most: usize, idle: Duration) -> Option<Vec<T>> {
         let mut lanes = self.lock();
+        let until = Instant::now() + idle;
         while lanes.turns.is_empty() {
             if lanes.senders == 0 {
                 return None;
             }
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Some(Vec::new());
+            }
             lanes.writer_waits = true;
-            lanes = self.arrived.wait(lanes).unwrap_or_else(|e| e.into_inner());
+            lanes = self
+                .arrived
+                .wait_timeout(lanes, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
             lanes.writer_waits = false;
         }
         let mut taken = Vec::with_capacity(most.min(64));
@@ -135,6 +145,8 @@ mod tests {
     use super::*;
     use std::sync::Arc;
 
+    const LONG: Duration = Duration::from_secs(600);
+
     fn lane(t: &str) -> Lane {
         Some(t.to_string())
     }
@@ -157,16 +169,16 @@ mod tests {
             intake.send(None, ("none", 0)).await.unwrap();
             intake.send(lane("quiet"), ("quiet", 1)).await.unwrap();
         });
-        let first = intake.take(4).unwrap();
+        let first = intake.take(4, LONG).unwrap();
         assert_eq!(
             first,
             [("busy", 0), ("quiet", 0), ("none", 0), ("busy", 1)],
             "one job per lane per turn, lanes in the order they got work"
         );
-        let second = intake.take(3).unwrap();
+        let second = intake.take(3, LONG).unwrap();
         assert_eq!(second, [("quiet", 1), ("busy", 2), ("busy", 3)]);
         // The rest of the busy lane, in its own order.
-        let rest = intake.take(1000).unwrap();
+        let rest = intake.take(1000, LONG).unwrap();
         assert_eq!(rest, (4..100).map(|i| ("busy", i)).collect::<Vec<_>>());
     }
 
@@ -187,14 +199,14 @@ mod tests {
                 "a third job found room in an intake of two"
             );
         });
-        assert_eq!(intake.take(10).unwrap(), [1, 2]);
+        assert_eq!(intake.take(10, LONG).unwrap(), [1, 2]);
         rt.block_on(intake.send(lane("a"), 3)).unwrap();
         // The receiver blocks while a sender remains; the last sender leaving ends it.
         let receiver = {
             let intake = intake.clone();
             std::thread::spawn(move || {
                 let mut got = Vec::new();
-                while let Some(jobs) = intake.take(10) {
+                while let Some(jobs) = intake.take(10, LONG) {
                     got.extend(jobs);
                 }
                 got
@@ -208,9 +220,17 @@ mod tests {
         intake.close();
         assert_eq!(rt.block_on(intake.send(None, 6)), Err(Closed));
         assert_eq!(
-            intake.take(10),
+            intake.take(10, LONG),
             None,
             "closing dropped the job left waiting"
         );
+    }
+
+    #[test]
+    fn an_idle_wait_ends_with_nothing_taken() {
+        let intake: Intake<u32> = Intake::new(4);
+        assert_eq!(intake.take(10, Duration::from_millis(20)), Some(Vec::new()));
+        intake.remove_sender();
+        assert_eq!(intake.take(10, Duration::from_millis(20)), None);
     }
 }

@@ -1,6 +1,7 @@
 //! Building the service (store, policy, writer) and serving it until shutdown.
 
 use super::*;
+use tollgate::engine::Adopted;
 
 /// How often the SQLite WAL is copied back into the database file. Often enough that each
 /// checkpoint's `fsync` stays small: a large one stalls the writer's commits that meet it.
@@ -45,6 +46,21 @@ pub fn build_with(
     engine
         .check_verified(&bytes, &verifier)
         .map_err(|e| format!("policy {}: {e}", config.policy))?;
+    // The store's policy wins over the file's: a swap survives restarts, and replicas agree.
+    match engine
+        .adopt_stored_policy(&bytes)
+        .map_err(|e| format!("the store's policy: {e}"))?
+    {
+        Adopted::Seeded => {
+            tracing::info!(policy = %config.policy, "the store had no policy: it now keeps the configuration's")
+        }
+        Adopted::Same => {}
+        Adopted::FromStore { stored, configured } => tracing::warn!(
+            active = %stored.name, active_sha256 = %stored.sha256,
+            configured = %configured.name, configured_sha256 = %configured.sha256,
+            "the store's policy differs from the configuration's; the store's is active"
+        ),
+    }
     let (writer, handle) = Writer::start(engine.clone(), metrics.clone(), config.max_connections);
     let state = Arc::new(AppState {
         gateway,

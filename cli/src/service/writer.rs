@@ -14,6 +14,8 @@ use tollgate::store::AnyStore;
 
 /// The writer thread's name (the HTTP bench finds its CPU time by it).
 pub const WRITER_THREAD: &str = "tollgate-writer";
+/// How often the writer looks for a policy change made through another replica.
+const POLICY_SYNC_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
 /// Most jobs in one transaction.
 pub const MAX_BATCH: usize = 128;
 /// Jobs waiting for the writer before submitters wait for room, at least.
@@ -75,7 +77,19 @@ impl Writer {
             .name(WRITER_THREAD.into())
             .spawn(move || {
                 let _close = CloseOnExit(&taken);
-                while let Some(batch) = taken.take(MAX_BATCH) {
+                let mut synced = std::time::Instant::now();
+                while let Some(batch) = taken.take(MAX_BATCH, POLICY_SYNC_EVERY) {
+                    if synced.elapsed() >= POLICY_SYNC_EVERY {
+                        synced = std::time::Instant::now();
+                        match engine.sync_policy() {
+                            Ok(Some(p)) => tracing::info!(name = %p.name, sha256 = %p.sha256, "policy taken up from the store"),
+                            Ok(None) => {}
+                            Err(e) => tracing::warn!(error = %e, "the store's policy could not be taken up"),
+                        }
+                    }
+                    if batch.is_empty() {
+                        continue;
+                    }
                     let (mut jobs, replies): (Vec<Job>, Vec<Reply>) = batch.into_iter().unzip();
                     // Replicas on a shared store all use its clock, so that skewed machine
                     // clocks cannot mint credits.

@@ -11,6 +11,7 @@ mod budgets;
 mod completion;
 mod dispatch;
 mod shadow;
+mod stored_policy;
 mod swap;
 
 pub use admission::Decision;
@@ -18,6 +19,7 @@ pub use batch::{Answer, Job};
 pub use completion::{Completion, CompletionAnswer, Reconciliation};
 pub use dispatch::{Claim, DispatchAnswer, DispatchReason};
 pub use shadow::{Disagreement, OutcomePair, ShadowReport, RECENT_DISAGREEMENTS};
+pub use stored_policy::Adopted;
 pub use swap::{NoVerifier, PolicyIdentity, SwapError, Verifier};
 
 use crate::config::Config;
@@ -61,6 +63,8 @@ pub struct Engine<S: Store> {
     policies: RwLock<Policies>,
     /// A candidate asked beside the active policy, never enforced.
     shadow: RwLock<Option<Arc<shadow::Shadow>>>,
+    /// The generation of the store's policy state this engine has taken up.
+    policy_generation: std::sync::atomic::AtomicI64,
 }
 
 /// What `inspect` shows (docs/scenarios.md).
@@ -144,6 +148,7 @@ impl<S: Store> Engine<S> {
                 previous: None,
             }),
             shadow: RwLock::new(None),
+            policy_generation: std::sync::atomic::AtomicI64::new(-1),
         }
     }
 

@@ -129,23 +129,53 @@ impl<S: Store> Engine<S> {
         }
         let policy = self.check_verified(bytes, verifier)?;
         let identity = PolicyIdentity::of(policy.as_ref());
-        let shadow = Shadow {
-            policy,
-            sample_ppm: (sample * 1_000_000.0).round() as u32,
-            stats: Mutex::default(),
-        };
-        *self.shadow.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(shadow));
+        let sample_ppm = ((sample * 1_000_000.0).round() as u32).max(1);
+        self.record_shadow(Some((policy.as_ref(), bytes, sample_ppm)))?;
+        self.set_shadow_here(policy, sample_ppm);
         Ok(identity)
     }
 
-    /// Removes the shadow; its identity, or `None` when there was none.
-    pub fn remove_shadow(&self) -> Option<PolicyIdentity> {
-        let old = self
-            .shadow
+    /// Removes the shadow (from the store, so from every replica); its identity, or `None`
+    /// when there was none.
+    pub fn remove_shadow(&self) -> Result<Option<PolicyIdentity>, StoreError> {
+        // A shadow another replica installed a moment ago is taken up first, so that it is
+        // the one removed. (A component that does not load here leaves nothing to remove.)
+        if let Err(SwapError::Store(e)) = self.sync_policy() {
+            return Err(e);
+        }
+        if self.shadow_identity().is_none() {
+            return Ok(None);
+        }
+        self.record_shadow(None)?;
+        Ok(self
+            .drop_shadow_here()
+            .map(|s| PolicyIdentity::of(s.policy.as_ref())))
+    }
+
+    /// Installs a shadow in this engine only, with fresh counts.
+    pub(super) fn set_shadow_here(&self, policy: Arc<dyn Decider>, sample_ppm: u32) {
+        let shadow = Shadow {
+            policy,
+            sample_ppm,
+            stats: Mutex::default(),
+        };
+        *self.shadow.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(shadow));
+    }
+
+    /// Removes the shadow from this engine only.
+    pub(super) fn drop_shadow_here(&self) -> Option<Arc<Shadow>> {
+        self.shadow
             .write()
             .unwrap_or_else(|e| e.into_inner())
-            .take();
-        old.map(|s| PolicyIdentity::of(s.policy.as_ref()))
+            .take()
+    }
+
+    /// The shadow's digest and sample, when one is installed here.
+    pub(super) fn shadow_identity(&self) -> Option<(crate::runtime::PolicyDigest, u32)> {
+        let shadow = self.shadow.read().unwrap_or_else(|e| e.into_inner());
+        shadow
+            .as_ref()
+            .map(|s| (s.policy.digest().clone(), s.sample_ppm))
     }
 
     /// The shadow's counts so far; `None` when no shadow is installed.

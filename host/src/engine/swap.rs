@@ -107,9 +107,11 @@ impl<S: Store> Engine<S> {
 
     /// Validates `bytes` as a policy and, if it passes, makes it the active policy atomically.
     /// Decisions already running finish on the version they started with.
+    /// The change is recorded in the store first, so that every replica on it takes it up
+    /// and a restart keeps it.
     pub fn swap_policy(&self, bytes: &[u8]) -> Result<PolicyIdentity, SwapError> {
         let candidate = self.check_candidate(bytes)?;
-        Ok(self.activate(candidate))
+        self.record_and_activate(candidate, bytes)
     }
 
     /// As [`Engine::swap_policy`], with the candidate also given to `verifier` first.
@@ -119,7 +121,7 @@ impl<S: Store> Engine<S> {
         verifier: &dyn Verifier,
     ) -> Result<PolicyIdentity, SwapError> {
         let candidate = self.check_verified(bytes, verifier)?;
-        Ok(self.activate(candidate))
+        self.record_and_activate(candidate, bytes)
     }
 
     /// Every check of [`Engine::swap_policy_verified`], without activating the candidate.
@@ -140,23 +142,33 @@ impl<S: Store> Engine<S> {
         &self.runtime
     }
 
-    /// Makes an already-checked policy active; the one it replaces is kept for rollback.
+    /// Makes an already-checked policy active in this engine only (the store's policy
+    /// state is not changed: see [`Engine::swap_policy`]); the one it replaces is kept for
+    /// rollback.
     pub fn activate(&self, policy: Arc<dyn Decider>) -> PolicyIdentity {
         let identity = PolicyIdentity::of(policy.as_ref());
         let mut p = self.policies.write().unwrap_or_else(|e| e.into_inner());
         let old = std::mem::replace(&mut p.active, policy);
-        p.previous = Some(old);
+        if old.digest() != p.active.digest() {
+            p.previous = Some(old);
+        }
         identity
     }
 
-    /// Switches back to the previous policy (and keeps the current one as the new previous).
-    pub fn rollback(&self) -> Result<PolicyIdentity, SwapError> {
-        let mut guard = self.policies.write().unwrap_or_else(|e| e.into_inner());
-        let p: &mut Policies = &mut guard;
-        let previous = p.previous.take().ok_or(SwapError::NoPrevious)?;
-        let current = std::mem::replace(&mut p.active, previous);
-        p.previous = Some(current);
-        Ok(PolicyIdentity::of(p.active.as_ref()))
+    /// The policy before the active one, when this engine has it loaded.
+    pub(super) fn previous_policy(&self) -> Option<Arc<dyn Decider>> {
+        let p = self.policies.read().unwrap_or_else(|e| e.into_inner());
+        p.previous.clone()
+    }
+
+    /// Sets both policies at once (at start-up, from the store).
+    pub(super) fn set_policies(
+        &self,
+        active: Arc<dyn Decider>,
+        previous: Option<Arc<dyn Decider>>,
+    ) {
+        let mut p = self.policies.write().unwrap_or_else(|e| e.into_inner());
+        *p = Policies { active, previous };
     }
 
     /// The active policy's identity.

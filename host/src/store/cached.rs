@@ -93,6 +93,15 @@ impl Tx for Cached<'_> {
     ) -> Result<Option<String>, StoreError> {
         self.inner.next_backlogged(band, after)
     }
+    fn policy_component(&mut self, digest: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        self.inner.policy_component(digest)
+    }
+    fn put_policy_component(&mut self, digest: &str, bytes: &[u8]) -> Result<(), StoreError> {
+        self.inner.put_policy_component(digest, bytes)
+    }
+    fn retain_policy_components(&mut self, keep: [&str; 3]) -> Result<(), StoreError> {
+        self.inner.retain_policy_components(keep)
+    }
     fn band_has_jobs(
         &mut self,
         tenant: &str,

@@ -206,6 +206,13 @@ pub trait Tx {
         band: Priority,
         after: Option<&str>,
     ) -> Result<Option<String>, StoreError>;
+    /// A policy component kept by the store, by its SHA-256 (hex).
+    fn policy_component(&mut self, digest: &str) -> Result<Option<Vec<u8>>, StoreError>;
+    /// Keeps a policy component under its SHA-256 (kept once; bytes never change).
+    fn put_policy_component(&mut self, digest: &str, bytes: &[u8]) -> Result<(), StoreError>;
+    /// Forgets every policy component but those named in `keep` (empty names keep nothing),
+    /// so that the store holds only what its policy state can still name.
+    fn retain_policy_components(&mut self, keep: [&str; 3]) -> Result<(), StoreError>;
     /// Whether `tenant` has jobs queued in `band`.
     fn band_has_jobs(&mut self, tenant: &str, band: Priority) -> Result<bool, StoreError>;
     /// Queued jobs that can no longer meet their deadline at `now_ms`, oldest first.

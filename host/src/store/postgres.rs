@@ -43,6 +43,9 @@ const STATEMENTS: &[(&str, &str)] = &[
     ("infeasible", "SELECT tenant, key, tokens, not_before_ms, expire_at_ms, priority FROM queue
         WHERE expire_at_ms <= $1 ORDER BY expire_at_ms, seq"),
     ("deficit", "SELECT deficit FROM tenant_queues WHERE tenant = $1"),
+    ("policy_component", "SELECT bytes FROM policies WHERE digest = $1"),
+    ("put_policy_component", "INSERT INTO policies (digest, bytes) VALUES ($1, $2) ON CONFLICT (digest) DO NOTHING"),
+    ("retain_policy_components", "DELETE FROM policies WHERE digest NOT IN ($1, $2, $3)"),
     ("set_deficit", "INSERT INTO tenant_queues (tenant, depth, deficit) VALUES ($1, 0, $2)
         ON CONFLICT (tenant) DO UPDATE SET deficit = $2"),
 ];
@@ -88,7 +91,7 @@ impl PgStore {
         {
             let mut tx = client.transaction()?;
             tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ENGINE_LOCK])?;
-            tx.batch_execute(&schema::tables("BIGSERIAL PRIMARY KEY"))?;
+            tx.batch_execute(&schema::tables("BIGSERIAL PRIMARY KEY", "BYTEA"))?;
             let found: Option<String> = tx
                 .query_opt(schema::READ_VERSION_SQL, &[])?
                 .map(|r| r.get(0));
@@ -341,6 +344,19 @@ impl Tx for PgTx<'_, '_> {
             None => self.opt("next_first", &[&band.rank()])?,
         };
         Ok(row.map(|r| r.get(0)))
+    }
+    fn policy_component(&mut self, digest: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(self
+            .opt("policy_component", &[&digest])?
+            .map(|r| r.get::<_, Vec<u8>>(0)))
+    }
+    fn put_policy_component(&mut self, digest: &str, bytes: &[u8]) -> Result<(), StoreError> {
+        self.exec("put_policy_component", &[&digest, &bytes])
+            .map(drop)
+    }
+    fn retain_policy_components(&mut self, keep: [&str; 3]) -> Result<(), StoreError> {
+        self.exec("retain_policy_components", &[&keep[0], &keep[1], &keep[2]])
+            .map(drop)
     }
     fn band_has_jobs(&mut self, tenant: &str, band: Priority) -> Result<bool, StoreError> {
         Ok(self

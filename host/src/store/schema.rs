@@ -52,11 +52,14 @@ CREATE INDEX IF NOT EXISTS queue_by_expiry ON queue (expire_at_ms);
 CREATE TABLE IF NOT EXISTS tenant_queues (
     tenant TEXT PRIMARY KEY, depth BIGINT NOT NULL, deficit BIGINT NOT NULL);
 CREATE INDEX IF NOT EXISTS tenant_queues_backlogged ON tenant_queues (tenant) WHERE depth > 0;
+CREATE TABLE IF NOT EXISTS policies (digest TEXT PRIMARY KEY, bytes {blob} NOT NULL);
 ";
 
-/// The statements that create the schema, with the dialect's auto-incrementing key.
-pub fn tables(seq_column: &str) -> String {
-    TABLES.replace("{seq}", seq_column)
+/// The statements that create the schema, with the dialect's auto-incrementing key and
+/// byte-string type. (`policies` keeps the components the store's policy state names; a
+/// table added without a version bump: an earlier host never reads it.)
+pub fn tables(seq_column: &str, blob: &str) -> String {
+    TABLES.replace("{seq}", seq_column).replace("{blob}", blob)
 }
 
 /// What to do with the `schema_version` found in `meta`, for a host writing `ours`:

@@ -126,7 +126,7 @@ impl SqliteStore {
         conn.set_prepared_statement_cache_capacity(64);
         {
             let tx = conn.unchecked_transaction()?;
-            tx.execute_batch(&schema::tables("INTEGER PRIMARY KEY AUTOINCREMENT"))?;
+            tx.execute_batch(&schema::tables("INTEGER PRIMARY KEY AUTOINCREMENT", "BLOB"))?;
             tx.execute_batch(bucket_log::TABLE)?;
             let found: Option<String> = tx
                 .query_row(schema::READ_VERSION_SQL, [], |r| r.get(0))

@@ -230,6 +230,29 @@ impl Tx for SqliteTx<'_> {
         Ok(row)
     }
 
+    fn policy_component(&mut self, digest: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let mut st = self
+            .tx
+            .prepare_cached("SELECT bytes FROM policies WHERE digest = ?1")?;
+        Ok(st.query_row([digest], |r| r.get(0)).optional()?)
+    }
+
+    fn put_policy_component(&mut self, digest: &str, bytes: &[u8]) -> Result<(), StoreError> {
+        self.tx
+            .prepare_cached(
+                "INSERT INTO policies (digest, bytes) VALUES (?1, ?2) ON CONFLICT (digest) DO NOTHING",
+            )?
+            .execute(params![digest, bytes])?;
+        Ok(())
+    }
+
+    fn retain_policy_components(&mut self, keep: [&str; 3]) -> Result<(), StoreError> {
+        self.tx
+            .prepare_cached("DELETE FROM policies WHERE digest NOT IN (?1, ?2, ?3)")?
+            .execute(params![keep[0], keep[1], keep[2]])?;
+        Ok(())
+    }
+
     fn band_has_jobs(&mut self, tenant: &str, band: Priority) -> Result<bool, StoreError> {
         let mut st = self.tx.prepare_cached(
             "SELECT EXISTS (SELECT 1 FROM queue WHERE priority = ?2 AND tenant = ?1)",
