@@ -374,3 +374,107 @@ fn a_policy_change_through_one_replica_is_every_replicas() {
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
 }
+
+/// Admits `op` on `base` with `key` until the status is `want` (a directory change reaching
+/// a replica), for at most a second.
+fn admitted_within_a_second(base: &str, key: &str, op: &str, want: u16) -> bool {
+    let started = std::time::Instant::now();
+    let mut n = 0;
+    while started.elapsed() < std::time::Duration::from_millis(1000) {
+        n += 1;
+        if admit(base, key, &format!("{op}-{n}"), "interactive").0 == want {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    false
+}
+
+/// The done-when of the shared directory: a swap, a new tenant and a revoked key through
+/// replica A take effect on replica B within a second, and a restart of B keeps all three.
+#[test]
+#[ignore = "needs PostgreSQL: .ci/run starts one and runs this with --ignored"]
+fn a_tenant_and_a_key_made_through_one_replica_work_on_another() {
+    let db = Database::create("directory");
+    let dir = tempfile::tempdir().unwrap();
+    let a = replica(dir.path(), 1, &db.url());
+    let b = replica(dir.path(), 2, &db.url());
+
+    let (status, _) = put_json(
+        &a.base,
+        "/v1/admin/tenants/initech",
+        &json!({"requests": {"capacity": 100, "refill_per_s": 0}}),
+    );
+    assert_eq!(status, 200);
+    let (status, made) = post(
+        &a.base,
+        "/v1/admin/keys",
+        ADMIN,
+        &json!({"role": "caller", "tenant": "initech"}),
+    );
+    assert_eq!(status, 200, "{made}");
+    let key = made["key"].as_str().unwrap().to_string();
+    assert!(
+        admitted_within_a_second(&b.base, &key, "new", 200),
+        "the tenant and key made through A did not work on B within a second"
+    );
+
+    // Revoke acme's key through A: B refuses it within a second.
+    let (_, keys) = get(&a.base, "/v1/admin/keys");
+    let acme = keys["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|k| k["tenant"] == "acme")
+        .unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let revoked = ureq::delete(&format!("{}/v1/admin/keys/{acme}", a.base))
+        .set("Authorization", &format!("Bearer {ADMIN}"))
+        .call()
+        .unwrap();
+    assert_eq!(revoked.status(), 200);
+    assert!(
+        admitted_within_a_second(&b.base, CALLER, "revoked", 401),
+        "the key revoked through A still worked on B after a second"
+    );
+
+    // And a swap through A.
+    assert_eq!(put_policy(&a.base, "/v1/admin/policy", "deny-all"), 200);
+    assert!(
+        eventually(&b.base, "/v1/admin/policy", "/name", "deny-all"),
+        "the swap through A did not reach B"
+    );
+
+    // B restarted keeps all three.
+    drop(b);
+    let b = replica(dir.path(), 2, &db.url());
+    assert_eq!(get(&b.base, "/v1/admin/policy").1["name"], "deny-all");
+    assert_eq!(
+        admit(&b.base, CALLER, "after-restart", "interactive").0,
+        401
+    );
+    let (status, body) = admit(&b.base, &key, "after-restart", "interactive");
+    assert_eq!(
+        (status, body["reason"].as_str()),
+        (503, Some("overloaded")),
+        "the new tenant's key is known (and deny-all decides): {body}"
+    );
+}
+
+/// PUTs JSON to `base` + `path` as the admin: the status and the answer.
+fn put_json(base: &str, path: &str, body: &Value) -> (u16, Value) {
+    let r = match ureq::put(&format!("{base}{path}"))
+        .set("Authorization", &format!("Bearer {ADMIN}"))
+        .send_string(&body.to_string())
+    {
+        Ok(r) => r,
+        Err(ureq::Error::Status(_, r)) => r,
+        Err(e) => panic!("{path}: {e}"),
+    };
+    (
+        r.status(),
+        serde_json::from_str(&r.into_string().unwrap()).unwrap(),
+    )
+}

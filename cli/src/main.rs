@@ -43,6 +43,16 @@ enum Command {
     },
     /// Serve the engine over HTTP (docs/http-api.md) until SIGTERM or SIGINT.
     Serve(commands::serve::ServeArgs),
+    /// Tenants of a running server: list, get, put (create or change), delete.
+    Tenants {
+        #[command(subcommand)]
+        command: commands::directory::TenantsCommand,
+    },
+    /// Keys of a running server: create (shown once), list, revoke.
+    Keys {
+        #[command(subcommand)]
+        command: commands::directory::KeysCommand,
+    },
     /// Policy components: list, check, and swap or roll back on a running server.
     Policy {
         #[command(subcommand)]
@@ -59,6 +69,8 @@ fn main() -> ExitCode {
         Command::Ops { engine } => commands::inspect::ops(&engine),
         Command::Serve(args) => commands::serve::run(args),
         Command::Policy { command } => commands::policy::run(command),
+        Command::Tenants { command } => commands::directory::tenants(command),
+        Command::Keys { command } => commands::directory::keys(command),
     };
     match outcome {
         Ok(code) => code,

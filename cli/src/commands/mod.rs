@@ -2,6 +2,7 @@
 //! from the configuration file, a store and a policy.
 
 pub mod conformance;
+pub mod directory;
 pub mod inspect;
 pub mod policy;
 pub mod serve;
@@ -45,7 +46,10 @@ pub fn open_engine(args: &EngineArgs) -> Result<Engine<AnyStore>, String> {
     }
     .map_err(|e| e.to_string())?;
     let spec = args.policy.as_deref().unwrap_or(&file.policy);
-    engine_with(file.engine, store, spec)
+    let engine = engine_with(file.engine, store, spec)?;
+    // A store a server wrote has its own tenants: those are the ones in force.
+    engine.sync_directory().map_err(|e| e.to_string())?;
+    Ok(engine)
 }
 
 /// An engine on `store` deciding with the policy `spec` (a built-in name or a `.wasm` path).

@@ -12,8 +12,7 @@ pub(crate) fn role(s: &AppState, headers: &HeaderMap) -> Result<Role, Refusal> {
         (Some(value), None) => value.to_str().ok().and_then(bearer),
         _ => None,
     };
-    key.and_then(|k| s.keys.get(k))
-        .cloned()
+    key.and_then(|k| s.engine.role_of(k))
         .ok_or_else(|| refuse(401, "unauthorized"))
 }
 

@@ -34,9 +34,9 @@ pub(super) fn json_body<T: for<'de> Deserialize<'de>>(bytes: &Bytes) -> Result<T
         .map_err(|_| refuse(400, "invalid_request"))
 }
 
-/// An operation key from the path, percent-decoded; `None` when that is not UTF-8. It never
+/// An operation key (or another name) from the path, percent-decoded; `None` when that is not UTF-8. It never
 /// refuses by itself, so that the key and role checks answer first (see [`check_key`]).
-pub(super) struct OpKey(Option<String>);
+pub(super) struct OpKey(pub(super) Option<String>);
 
 impl<S: Send + Sync> FromRequestParts<S> for OpKey {
     type Rejection = std::convert::Infallible;

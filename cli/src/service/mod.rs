@@ -10,6 +10,7 @@
 mod admin;
 mod auth;
 mod body;
+mod directory;
 mod intake;
 mod linger;
 mod listen;
@@ -31,6 +32,7 @@ pub(crate) use auth::role;
 use auth::*;
 pub(crate) use body::read_body;
 use body::*;
+use directory::*;
 use operations::*;
 use refusal::*;
 use worker::*;
@@ -88,7 +90,6 @@ pub struct AppState {
     pub gateway: Option<crate::gateway::Gateway>,
     pub engine: Arc<Engine<AnyStore>>,
     pub writer: Writer,
-    pub keys: std::collections::HashMap<String, Role>,
     pub metrics: Metrics,
     pub clock: Clock,
     /// What every candidate policy must pass before activation (`--verify-with`).
@@ -130,6 +131,13 @@ pub fn router(state: Shared) -> Router {
             "/v1/admin/policy/shadow",
             get(shadow_get).put(shadow_put).delete(shadow_delete),
         )
+        .route("/v1/admin/tenants", get(tenants_list))
+        .route(
+            "/v1/admin/tenants/{tenant}",
+            get(tenant_get).put(tenant_put).delete(tenant_delete),
+        )
+        .route("/v1/admin/keys", get(keys_list).post(keys_create))
+        .route("/v1/admin/keys/{id}", axum::routing::delete(key_delete))
         .route("/v1/admin/downstream", post(downstream))
         .route("/v1/admin/inspect", get(inspect))
         .route("/healthz", get(|| async { "ok\n" }))

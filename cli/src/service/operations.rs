@@ -28,7 +28,7 @@ pub(super) async fn admit(
         Some(Value::String(t)) if *t == tenant => {}
         Some(_) => return Err(refuse(403, "forbidden")),
     }
-    let request = match validate::request(&Value::Object(obj), s.engine.config()) {
+    let request = match validate::request(&Value::Object(obj), &s.engine.config()) {
         Ok(r) => r,
         Err(reason) => {
             s.metrics

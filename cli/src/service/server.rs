@@ -1,7 +1,7 @@
 //! Building the service (store, policy, writer) and serving it until shutdown.
 
 use super::*;
-use tollgate::engine::Adopted;
+use tollgate::engine::{Adopted, DirectoryAdopted};
 
 /// How often the SQLite WAL is copied back into the database file. Often enough that each
 /// checkpoint's `fsync` stays small: a large one stalls the writer's commits that meet it.
@@ -61,12 +61,27 @@ pub fn build_with(
             "the store's policy differs from the configuration's; the store's is active"
         ),
     }
+    // So is its directory: tenants and keys added at run time are kept and shared.
+    match engine
+        .adopt_directory(&config.keys)
+        .map_err(|e| format!("the store's tenants and keys: {e}"))?
+    {
+        DirectoryAdopted::Seeded => tracing::info!(
+            tenants = engine.config().tenants.len(),
+            keys = config.keys.len(),
+            "the store had no tenants or keys: it now keeps the configuration's"
+        ),
+        DirectoryAdopted::FromStore { tenants_differ } => {
+            if tenants_differ {
+                tracing::warn!("the store's tenants differ from the configuration's; the store's are in force (tollgate tenants list)")
+            }
+        }
+    }
     let (writer, handle) = Writer::start(engine.clone(), metrics.clone(), config.max_connections);
     let state = Arc::new(AppState {
         gateway,
         engine,
         writer,
-        keys: config.keys,
         metrics,
         clock: Clock::default(),
         verifier: Arc::new(verifier),

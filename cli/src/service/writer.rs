@@ -86,6 +86,11 @@ impl Writer {
                             Ok(None) => {}
                             Err(e) => tracing::warn!(error = %e, "the store's policy could not be taken up"),
                         }
+                        match engine.sync_directory() {
+                            Ok(true) => tracing::info!("tenants and keys taken up from the store"),
+                            Ok(false) => {}
+                            Err(e) => tracing::warn!(error = %e, "the store's tenants and keys could not be taken up"),
+                        }
                     }
                     if batch.is_empty() {
                         continue;

@@ -40,7 +40,9 @@ impl BucketConfig {
 #[derive(Clone, Copy, Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct BucketOverlay {
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) capacity: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) refill_per_s: Option<f64>,
 }
 
@@ -64,22 +66,26 @@ pub(crate) struct GlobalConfigInput {
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct TenantOverlay {
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) requests: Option<BucketOverlay>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) tokens: Option<BucketOverlay>,
     /// `null` means "no tenant concurrency limit"; absent means "as the defaults".
-    #[serde(default, deserialize_with = "explicit_option")]
+    #[serde(
+        default,
+        deserialize_with = "explicit_option",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub(crate) concurrency: Option<Option<u32>>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) queue_limit: Option<u32>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) weight: Option<u32>,
     /// The tenant's own token budgets per model (names of the `models` section).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) models: Option<BTreeMap<String, TenantModelInput>>,
     /// The tenant's money budget, in micro-dollars.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) cost_microusd: Option<BucketConfig>,
 }
 
@@ -87,7 +93,7 @@ pub(crate) struct TenantOverlay {
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct TenantModelInput {
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) tokens: Option<BucketConfig>,
 }
 
@@ -172,7 +178,7 @@ pub enum Discipline {
 }
 
 /// One tenant's effective settings.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct TenantConfig {
     /// The tenant's request bucket.
     pub requests: BucketConfig,
@@ -219,6 +225,8 @@ pub struct Config {
     pub policy_strings: BTreeMap<String, String>,
     /// The `models` section (`None`: requests may name any model, and no model has limits).
     pub models: Option<BTreeMap<String, ModelConfig>>,
+    /// The configuration as written, from which a change of tenants is rebuilt.
+    written: ConfigInput,
 }
 
 /// The `policy_params` of docs/configuration.md, which every configuration starts from.
@@ -329,6 +337,7 @@ impl Config {
             policy_params,
             policy_strings,
             models: input.models.clone(),
+            written: input,
         };
         config.check()?;
         Ok(config)
@@ -401,6 +410,33 @@ impl Config {
                 .insert(n.to_string(), TenantOverlay::default());
         }
         Config::from_input(input).expect("the defaults are valid")
+    }
+
+    /// This configuration with `tenants` (each as written, JSON) in place of its own, checked
+    /// as a file's would be.
+    pub fn with_written_tenants(
+        &self,
+        tenants: &BTreeMap<String, serde_json::Value>,
+    ) -> Result<Config, ConfigError> {
+        let mut input = self.written.clone();
+        input.tenants = tenants
+            .iter()
+            .map(|(name, written)| {
+                serde_json::from_value(written.clone())
+                    .map(|t| (name.clone(), t))
+                    .map_err(|e| ConfigError(format!("tenants.{name}: {e}")))
+            })
+            .collect::<Result<_, _>>()?;
+        Config::from_input(input)
+    }
+
+    /// Every tenant as written (JSON), fields left to the defaults absent.
+    pub fn written_tenants(&self) -> BTreeMap<String, serde_json::Value> {
+        self.written
+            .tenants
+            .iter()
+            .map(|(name, t)| (name.clone(), serde_json::to_value(t).unwrap_or_default()))
+            .collect()
     }
 
     /// A configured tenant, or `None` (`unknown_tenant`).

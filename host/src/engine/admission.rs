@@ -170,7 +170,7 @@ enum Existing {
 impl<S: Store> Engine<S> {
     /// Admits, queues or refuses one request given as a JSON object.
     pub fn admit(&self, raw: &serde_json::Value, now_ms: i64) -> Result<Decision, StoreError> {
-        let req = match validate::request(raw, &self.config) {
+        let req = match validate::request(raw, &self.config()) {
             Ok(r) => r,
             Err(reason) => return Ok(Decision::rejected(reason, None)),
         };
@@ -199,7 +199,7 @@ impl<S: Store> Engine<S> {
         let deadline_ms = prior.as_ref().map_or(req.deadline_ms, |p| p.deadline_ms);
 
         if req.route == Route::Interactive && !downstream_available(tx)? {
-            let busy = self.config.param("busy_retry_after_ms").map(|v| v as u64);
+            let busy = self.config().param("busy_retry_after_ms").map(|v| v as u64);
             return Ok(Decision::rejected(Reason::DownstreamUnavailable, busy));
         }
 
@@ -373,8 +373,12 @@ impl<S: Store> Engine<S> {
             ))));
         }
         let reserved = req.input_tokens + optional_context + max_output;
-        let tenant = self.config.tenant(&req.tenant).expect("validated tenant");
-        let budgets = Budgets::for_request(&self.config, &req.tenant, tenant, req.model.as_deref());
+        let config = self.config();
+        // Validated, but a tenant can be deleted between validation and this transaction.
+        let Some(tenant) = config.tenant(&req.tenant) else {
+            return Ok(Err(Decision::rejected(Reason::UnknownTenant, None)));
+        };
+        let budgets = Budgets::for_request(&config, &req.tenant, tenant, req.model.as_deref());
         if budgets.token_buckets().any(|b| b.never_fits(reserved)) {
             return Ok(Err(with_policy(Decision::rejected(Reason::TooLarge, None))));
         }

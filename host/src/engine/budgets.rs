@@ -138,6 +138,20 @@ impl Budgets {
         }
     }
 
+    /// Every bucket of one tenant: requests, tokens, its tokens per model and its money.
+    pub fn of_tenant(name: &str, t: &TenantConfig) -> Vec<BucketRef> {
+        let mut out = vec![Self::tenant_requests(name, t), Self::tenant_tokens(name, t)];
+        out.extend(t.models.iter().map(|(model, b)| BucketRef {
+            name: names::tenant_model_tokens(name, model),
+            limits: b.limits(),
+        }));
+        out.extend(t.cost_microusd.map(|b| BucketRef {
+            name: names::tenant_cost(name),
+            limits: b.limits(),
+        }));
+        out
+    }
+
     pub fn tenant_requests(name: &str, t: &TenantConfig) -> BucketRef {
         BucketRef {
             name: names::tenant_requests(name),

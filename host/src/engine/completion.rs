@@ -336,12 +336,12 @@ impl<S: Store> Engine<S> {
             op.tokens_reserved = false;
             let reserved_cost = std::mem::take(&mut op.reserved_cost_microusd);
             if let (true, Some(u), Some(t)) = (
-                self.config.refund_unused_tokens,
+                self.config().refund_unused_tokens,
                 usage,
-                self.config.tenant(&op.tenant),
+                self.config().tenant(&op.tenant),
             ) {
                 let budgets =
-                    Budgets::for_request(&self.config, &op.tenant, t, op.model.as_deref());
+                    Budgets::for_request(&self.config(), &op.tenant, t, op.model.as_deref());
                 let used = u.input_tokens.saturating_add(u.output_tokens);
                 let unused = op.reserved_tokens.saturating_sub(used);
                 // The money used is what the reported usage costs at the model's price.

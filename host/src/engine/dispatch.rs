@@ -184,7 +184,7 @@ impl<S: Store> Engine<S> {
             return Ok(answer);
         }
         let held = tx.unfinished_claims(worker)?;
-        let room = self.config.max_claims_per_worker.saturating_sub(held);
+        let room = self.config().max_claims_per_worker.saturating_sub(held);
         let want = count.min(room);
 
         // Bands strictly in order: a band is served only once the ones before it have no
@@ -251,7 +251,7 @@ impl<S: Store> Engine<S> {
                         in_turn: true,
                         taken: 0,
                     };
-                    if self.config.discipline == Discipline::DrrTokens {
+                    if self.config().discipline == Discipline::DrrTokens {
                         let d = deficit(tx, band, &next)?;
                         set_deficit(tx, band, &next, d.saturating_add(self.quantum(&next)))?;
                     }
@@ -274,8 +274,10 @@ impl<S: Store> Engine<S> {
     }
 
     fn quantum(&self, tenant: &str) -> u64 {
-        let weight = self.config.tenant(tenant).map_or(1, |t| t.weight);
-        self.config.quantum_tokens.saturating_mul(u64::from(weight))
+        let weight = self.config().tenant(tenant).map_or(1, |t| t.weight);
+        self.config()
+            .quantum_tokens
+            .saturating_mul(u64::from(weight))
     }
 
     /// One claim attempt within `tenant`'s turn. On a claim the turn goes on unless its
@@ -290,12 +292,14 @@ impl<S: Store> Engine<S> {
         now_ms: i64,
     ) -> Result<Result<Claim, Blocked>, StoreError> {
         let Some(head) = tx.ready_head(tenant, band, now_ms)? else {
-            if self.config.discipline == Discipline::DrrTokens && !tx.band_has_jobs(tenant, band)? {
+            if self.config().discipline == Discipline::DrrTokens
+                && !tx.band_has_jobs(tenant, band)?
+            {
                 set_deficit(tx, band, tenant, 0)?;
             }
             return Ok(Err(Blocked::NotReady));
         };
-        let drr = self.config.discipline == Discipline::DrrTokens;
+        let drr = self.config().discipline == Discipline::DrrTokens;
         let deficit = if drr { deficit(tx, band, tenant)? } else { 0 };
         if drr && head.tokens > deficit {
             return Ok(Err(Blocked::Deficit {
@@ -321,7 +325,7 @@ impl<S: Store> Engine<S> {
             }
         } else {
             pos.taken += 1;
-            let weight = self.config.tenant(tenant).map_or(1, |t| t.weight);
+            let weight = self.config().tenant(tenant).map_or(1, |t| t.weight);
             if pos.taken >= weight {
                 pos.in_turn = false;
             }
@@ -378,10 +382,11 @@ impl<S: Store> Engine<S> {
             tx.dequeue(&job.tenant, &job.key)?;
             return Ok(None);
         };
-        let Some(tenant) = self.config.tenant(&job.tenant) else {
+        let config = self.config();
+        let Some(tenant) = config.tenant(&job.tenant) else {
             return Ok(None);
         };
-        let budgets = Budgets::for_request(&self.config, &job.tenant, tenant, op.model.as_deref());
+        let budgets = Budgets::for_request(&config, &job.tenant, tenant, op.model.as_deref());
         let cost = budgets.cost(
             op.input_tokens + op.optional_context_tokens,
             op.max_output_tokens,

@@ -9,6 +9,7 @@ mod admission;
 mod batch;
 mod budgets;
 mod completion;
+mod directory;
 mod dispatch;
 mod shadow;
 mod stored_policy;
@@ -17,6 +18,7 @@ mod swap;
 pub use admission::Decision;
 pub use batch::{Answer, Job};
 pub use completion::{Completion, CompletionAnswer, Reconciliation};
+pub use directory::{DirectoryAdopted, DirectoryError, KeyInfo};
 pub use dispatch::{Claim, DispatchAnswer, DispatchReason};
 pub use shadow::{Disagreement, OutcomePair, ShadowReport, RECENT_DISAGREEMENTS};
 pub use stored_policy::Adopted;
@@ -56,7 +58,9 @@ struct Policies {
 
 /// Admission control and fair dispatch over one store.
 pub struct Engine<S: Store> {
-    config: Config,
+    /// Replaced whole when the store's tenants change (see `directory`); a decision reads
+    /// it under the store's lock, so one transaction sees one configuration.
+    config: RwLock<Arc<Config>>,
     params: Arc<Params>,
     runtime: Runtime,
     store: Mutex<S>,
@@ -65,6 +69,10 @@ pub struct Engine<S: Store> {
     shadow: RwLock<Option<Arc<shadow::Shadow>>>,
     /// The generation of the store's policy state this engine has taken up.
     policy_generation: std::sync::atomic::AtomicI64,
+    /// The keys of the store's directory, by hash (empty until `adopt_directory`).
+    keys: RwLock<Arc<directory::KeyTable>>,
+    /// The generation of the store's directory this engine has taken up.
+    directory_generation: std::sync::atomic::AtomicI64,
 }
 
 /// What `inspect` shows (docs/scenarios.md).
@@ -139,7 +147,7 @@ impl<S: Store> Engine<S> {
             strings: config.policy_strings.clone(),
         });
         Engine {
-            config,
+            config: RwLock::new(Arc::new(config)),
             params,
             runtime,
             store: Mutex::new(store),
@@ -149,12 +157,17 @@ impl<S: Store> Engine<S> {
             }),
             shadow: RwLock::new(None),
             policy_generation: std::sync::atomic::AtomicI64::new(-1),
+            keys: RwLock::default(),
+            directory_generation: std::sync::atomic::AtomicI64::new(-1),
         }
     }
 
-    /// The configuration the engine enforces.
-    pub fn config(&self) -> &Config {
-        &self.config
+    /// The configuration the engine enforces now.
+    pub fn config(&self) -> Arc<Config> {
+        self.config
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// The policy new decisions use. A decision holds this `Arc` for its whole run, so a
@@ -196,7 +209,7 @@ impl<S: Store> Engine<S> {
         let mut buckets = BTreeMap::new();
         let mut slots = BTreeMap::new();
         let mut queues = BTreeMap::new();
-        let global = Budgets::global_requests(&self.config);
+        let global = Budgets::global_requests(&self.config());
         buckets.insert(
             global.name.clone(),
             global.level(tx, now_ms)?.whole_credits(),
@@ -205,7 +218,7 @@ impl<S: Store> Engine<S> {
             names::GLOBAL_SLOTS.to_string(),
             tx.slots_in_use(names::GLOBAL_SLOTS)?,
         );
-        for (model, m) in self.config.models.iter().flatten() {
+        for (model, m) in self.config().models.iter().flatten() {
             let shared = [
                 m.requests.map(|b| (names::model_requests(model), b)),
                 m.tokens.map(|b| (names::model_tokens(model), b)),
@@ -218,24 +231,8 @@ impl<S: Store> Engine<S> {
                 buckets.insert(b.name.clone(), b.level(tx, now_ms)?.whole_credits());
             }
         }
-        for (name, tenant) in &self.config.tenants {
-            for b in [
-                Budgets::tenant_requests(name, tenant),
-                Budgets::tenant_tokens(name, tenant),
-            ] {
-                buckets.insert(b.name.clone(), b.level(tx, now_ms)?.whole_credits());
-            }
-            for model in tenant.models.keys() {
-                let b = Budgets::for_request(&self.config, name, tenant, Some(model));
-                if let Some(b) = &b.tenant_model_tokens {
-                    buckets.insert(b.name.clone(), b.level(tx, now_ms)?.whole_credits());
-                }
-            }
-            if let Some(cost) = tenant.cost_microusd {
-                let b = BucketRef {
-                    name: names::tenant_cost(name),
-                    limits: cost.limits(),
-                };
+        for (name, tenant) in &self.config().tenants {
+            for b in Budgets::of_tenant(name, tenant) {
                 buckets.insert(b.name.clone(), b.level(tx, now_ms)?.whole_credits());
             }
             if tenant.concurrency.is_some() {
@@ -267,7 +264,8 @@ impl<S: Store> Engine<S> {
         tenant: &str,
         now_ms: i64,
     ) -> Result<Option<TenantLevels>, StoreError> {
-        let Some(t) = self.config.tenant(tenant) else {
+        let config = self.config();
+        let Some(t) = config.tenant(tenant) else {
             return Ok(None);
         };
         Ok(Some(TenantLevels {
@@ -285,7 +283,7 @@ impl<S: Store> Engine<S> {
     pub fn queue_depths(&self) -> Result<BTreeMap<String, u32>, StoreError> {
         self.transaction(|tx| {
             let mut out = BTreeMap::new();
-            for name in self.config.tenants.keys() {
+            for name in self.config().tenants.keys() {
                 out.insert(name.clone(), tx.queue_depth(name)?);
             }
             Ok(out)
@@ -302,8 +300,9 @@ impl<S: Store> Engine<S> {
         attempt: u32,
         now_ms: i64,
     ) -> Result<DecisionView, StoreError> {
-        let jitter = Jitter::new(self.config.seed, tenant, key, attempt);
-        let Some(t) = self.config.tenant(tenant) else {
+        let jitter = Jitter::new(self.config().seed, tenant, key, attempt);
+        let config = self.config();
+        let Some(t) = config.tenant(tenant) else {
             // An operation stored under a tenant no longer configured: nothing to read.
             let mut view = DecisionView::scratch(self.params.clone());
             (view.now_ms, view.jitter) = (now_ms, jitter);
@@ -315,7 +314,7 @@ impl<S: Store> Engine<S> {
             (view.global_slots, view.tenant_slots) = (None, None);
             return Ok(view);
         };
-        let budgets = Budgets::for_request(&self.config, tenant, t, model);
+        let budgets = Budgets::for_request(&config, tenant, t, model);
         let level = |tx: &mut dyn Tx, b: &Option<BucketRef>| match b {
             Some(b) => b.bucket_level(tx, now_ms).map(Some),
             None => Ok(None),

@@ -77,16 +77,16 @@ impl<S: Store> Engine<S> {
     /// Checks a candidate policy as the engine would use it, without touching this engine's
     /// state: the world, its self-check, and smoke decisions in a scratch in-memory store.
     pub fn check_candidate(&self, bytes: &[u8]) -> Result<Arc<dyn Decider>, SwapError> {
-        let candidate = self.runtime.load(bytes, self.config.max_policy_bytes)?;
+        let candidate = self.runtime.load(bytes, self.config().max_policy_bytes)?;
         match candidate.self_check(DecisionView::scratch(self.params.clone())) {
             Err(fault) => return Err(LoadError::Fault(fault).into()),
             Ok(Err(message)) => return Err(LoadError::SelfCheck(message).into()),
             Ok(Ok(())) => {}
         }
         let candidate: Arc<dyn Decider> = Arc::new(candidate);
-        if let Some(tenant) = self.config.tenants.keys().next() {
+        if let Some(tenant) = self.config().tenants.keys().next() {
             let scratch = Engine::new(
-                self.config.clone(),
+                crate::config::Config::clone(&self.config()),
                 SqliteStore::in_memory()?,
                 self.runtime.clone(),
                 candidate.clone(),

@@ -99,6 +99,27 @@ impl Tx for Cached<'_> {
     fn put_policy_component(&mut self, digest: &str, bytes: &[u8]) -> Result<(), StoreError> {
         self.inner.put_policy_component(digest, bytes)
     }
+    fn written_tenants(&mut self) -> Result<Vec<(String, String)>, StoreError> {
+        self.inner.written_tenants()
+    }
+    fn put_written_tenant(&mut self, name: &str, written: &str) -> Result<(), StoreError> {
+        self.inner.put_written_tenant(name, written)
+    }
+    fn delete_written_tenant(&mut self, name: &str) -> Result<bool, StoreError> {
+        self.inner.delete_written_tenant(name)
+    }
+    fn tenant_has_work(&mut self, tenant: &str) -> Result<bool, StoreError> {
+        self.inner.tenant_has_work(tenant)
+    }
+    fn api_keys(&mut self) -> Result<Vec<super::StoredKey>, StoreError> {
+        self.inner.api_keys()
+    }
+    fn put_api_key(&mut self, key: &super::StoredKey) -> Result<(), StoreError> {
+        self.inner.put_api_key(key)
+    }
+    fn delete_api_key(&mut self, id: &str) -> Result<bool, StoreError> {
+        self.inner.delete_api_key(id)
+    }
     fn retain_policy_components(&mut self, keep: [&str; 3]) -> Result<(), StoreError> {
         self.inner.retain_policy_components(keep)
     }

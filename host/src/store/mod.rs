@@ -160,6 +160,19 @@ impl Store for AnyStore {
     }
 }
 
+/// A key as the store keeps it: never the key itself, only its SHA-256.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredKey {
+    /// The key's public id, for listing and revoking.
+    pub id: String,
+    /// SHA-256 of the key, hex.
+    pub sha256: String,
+    /// `caller`, `worker` or `admin`.
+    pub role: String,
+    /// The caller's tenant, the worker's name, empty for an admin.
+    pub subject: String,
+}
+
 /// The reads and writes of one transaction. Missing rows read as absent, never as errors.
 pub trait Tx {
     /// A bucket's balance, if it was ever written.
@@ -210,6 +223,20 @@ pub trait Tx {
     fn policy_component(&mut self, digest: &str) -> Result<Option<Vec<u8>>, StoreError>;
     /// Keeps a policy component under its SHA-256 (kept once; bytes never change).
     fn put_policy_component(&mut self, digest: &str, bytes: &[u8]) -> Result<(), StoreError>;
+    /// Every tenant kept by the store: its name and its settings as written (JSON).
+    fn written_tenants(&mut self) -> Result<Vec<(String, String)>, StoreError>;
+    /// Writes a tenant's settings as written (inserted or replaced).
+    fn put_written_tenant(&mut self, name: &str, written: &str) -> Result<(), StoreError>;
+    /// Deletes a tenant's settings; whether there were any.
+    fn delete_written_tenant(&mut self, name: &str) -> Result<bool, StoreError>;
+    /// Whether `tenant` has operations queued, active, unknown or waiting to retry.
+    fn tenant_has_work(&mut self, tenant: &str) -> Result<bool, StoreError>;
+    /// Every key kept by the store (hashes only), by id.
+    fn api_keys(&mut self) -> Result<Vec<StoredKey>, StoreError>;
+    /// Adds a key.
+    fn put_api_key(&mut self, key: &StoredKey) -> Result<(), StoreError>;
+    /// Deletes a key by id; whether it existed.
+    fn delete_api_key(&mut self, id: &str) -> Result<bool, StoreError>;
     /// Forgets every policy component but those named in `keep` (empty names keep nothing),
     /// so that the store holds only what its policy state can still name.
     fn retain_policy_components(&mut self, keep: [&str; 3]) -> Result<(), StoreError>;

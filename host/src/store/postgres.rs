@@ -5,7 +5,8 @@
 //! database's clock is the one clock for refill and deadlines.
 
 use super::{
-    schema, together_then_apart, BatchAttempt, Cached, Isolation, QueuedJob, Store, StoreError, Tx,
+    schema, together_then_apart, BatchAttempt, Cached, Isolation, QueuedJob, Store, StoreError,
+    StoredKey, Tx,
 };
 use crate::bucket;
 use crate::model::{Operation, Priority};
@@ -45,6 +46,15 @@ const STATEMENTS: &[(&str, &str)] = &[
     ("deficit", "SELECT deficit FROM tenant_queues WHERE tenant = $1"),
     ("policy_component", "SELECT bytes FROM policies WHERE digest = $1"),
     ("put_policy_component", "INSERT INTO policies (digest, bytes) VALUES ($1, $2) ON CONFLICT (digest) DO NOTHING"),
+    ("written_tenants", "SELECT name, written FROM tenants ORDER BY name"),
+    ("put_written_tenant", "INSERT INTO tenants (name, written) VALUES ($1, $2)
+        ON CONFLICT (name) DO UPDATE SET written = $2"),
+    ("delete_written_tenant", "DELETE FROM tenants WHERE name = $1"),
+    ("tenant_has_work", "SELECT EXISTS (SELECT 1 FROM operations WHERE tenant = $1
+        AND state IN ('queued', 'active', 'unknown', 'retry_pending'))"),
+    ("api_keys", "SELECT id, sha256, role, subject FROM api_keys ORDER BY id"),
+    ("put_api_key", "INSERT INTO api_keys (id, sha256, role, subject) VALUES ($1, $2, $3, $4)"),
+    ("delete_api_key", "DELETE FROM api_keys WHERE id = $1"),
     ("retain_policy_components", "DELETE FROM policies WHERE digest NOT IN ($1, $2, $3)"),
     ("set_deficit", "INSERT INTO tenant_queues (tenant, depth, deficit) VALUES ($1, 0, $2)
         ON CONFLICT (tenant) DO UPDATE SET deficit = $2"),
@@ -353,6 +363,44 @@ impl Tx for PgTx<'_, '_> {
     fn put_policy_component(&mut self, digest: &str, bytes: &[u8]) -> Result<(), StoreError> {
         self.exec("put_policy_component", &[&digest, &bytes])
             .map(drop)
+    }
+    fn written_tenants(&mut self) -> Result<Vec<(String, String)>, StoreError> {
+        let rows = self.tx.query(&self.st["written_tenants"], &[])?;
+        Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+    }
+    fn put_written_tenant(&mut self, name: &str, written: &str) -> Result<(), StoreError> {
+        self.exec("put_written_tenant", &[&name, &written])
+            .map(drop)
+    }
+    fn delete_written_tenant(&mut self, name: &str) -> Result<bool, StoreError> {
+        Ok(self.exec("delete_written_tenant", &[&name])? > 0)
+    }
+    fn tenant_has_work(&mut self, tenant: &str) -> Result<bool, StoreError> {
+        Ok(self
+            .opt("tenant_has_work", &[&tenant])?
+            .is_some_and(|r| r.get::<_, bool>(0)))
+    }
+    fn api_keys(&mut self) -> Result<Vec<StoredKey>, StoreError> {
+        let rows = self.tx.query(&self.st["api_keys"], &[])?;
+        Ok(rows
+            .iter()
+            .map(|r| StoredKey {
+                id: r.get(0),
+                sha256: r.get(1),
+                role: r.get(2),
+                subject: r.get(3),
+            })
+            .collect())
+    }
+    fn put_api_key(&mut self, key: &StoredKey) -> Result<(), StoreError> {
+        self.exec(
+            "put_api_key",
+            &[&key.id, &key.sha256, &key.role, &key.subject],
+        )
+        .map(drop)
+    }
+    fn delete_api_key(&mut self, id: &str) -> Result<bool, StoreError> {
+        Ok(self.exec("delete_api_key", &[&id])? > 0)
     }
     fn retain_policy_components(&mut self, keep: [&str; 3]) -> Result<(), StoreError> {
         self.exec("retain_policy_components", &[&keep[0], &keep[1], &keep[2]])

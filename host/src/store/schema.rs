@@ -53,11 +53,15 @@ CREATE TABLE IF NOT EXISTS tenant_queues (
     tenant TEXT PRIMARY KEY, depth BIGINT NOT NULL, deficit BIGINT NOT NULL);
 CREATE INDEX IF NOT EXISTS tenant_queues_backlogged ON tenant_queues (tenant) WHERE depth > 0;
 CREATE TABLE IF NOT EXISTS policies (digest TEXT PRIMARY KEY, bytes {blob} NOT NULL);
+CREATE TABLE IF NOT EXISTS tenants (name TEXT PRIMARY KEY, written TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS api_keys (
+    id TEXT PRIMARY KEY, sha256 TEXT NOT NULL UNIQUE, role TEXT NOT NULL, subject TEXT NOT NULL);
 ";
 
 /// The statements that create the schema, with the dialect's auto-incrementing key and
-/// byte-string type. (`policies` keeps the components the store's policy state names; a
-/// table added without a version bump: an earlier host never reads it.)
+/// byte-string type. (`policies` keeps the components the store's policy state names,
+/// `tenants` and `api_keys` the directory: tables added without a version bump, since an
+/// earlier host never reads them.)
 pub fn tables(seq_column: &str, blob: &str) -> String {
     TABLES.replace("{seq}", seq_column).replace("{blob}", blob)
 }

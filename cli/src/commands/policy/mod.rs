@@ -111,14 +111,14 @@ pub fn run(command: Command) -> Result<ExitCode, String> {
                 .set("Authorization", &format!("Bearer {key}"))
                 .set("Content-Type", "application/wasm")
                 .send_bytes(&bytes);
-            print_admin_answer(response)
+            super::directory::answer(response)
         }
         Command::Rollback { server, key } => {
             let url = format!("{}/v1/admin/policy/rollback", server.trim_end_matches('/'));
             let response = ureq::post(&url)
                 .set("Authorization", &format!("Bearer {key}"))
                 .call();
-            print_admin_answer(response)
+            super::directory::answer(response)
         }
     }
 }
@@ -214,18 +214,4 @@ fn test(
     } else {
         ExitCode::FAILURE
     })
-}
-
-fn print_admin_answer(response: Result<ureq::Response, ureq::Error>) -> Result<ExitCode, String> {
-    match response {
-        Ok(r) => {
-            println!("{}", r.into_string().unwrap_or_default());
-            Ok(ExitCode::SUCCESS)
-        }
-        Err(ureq::Error::Status(code, r)) => {
-            println!("{code} {}", r.into_string().unwrap_or_default());
-            Ok(ExitCode::FAILURE)
-        }
-        Err(e) => Err(e.to_string()),
-    }
 }

@@ -1,7 +1,7 @@
 //! One SQLite transaction as the engine sees it ([`Tx`]): buckets, slots and meta through
 //! the row cache, operations and queues in SQL.
 
-use super::super::{QueuedJob, StoreError, Tx};
+use super::super::{QueuedJob, StoreError, StoredKey, Tx};
 use super::row_cache::RowCache;
 use crate::bucket;
 use crate::model::{Operation, Priority};
@@ -244,6 +244,72 @@ impl Tx for SqliteTx<'_> {
             )?
             .execute(params![digest, bytes])?;
         Ok(())
+    }
+
+    fn written_tenants(&mut self) -> Result<Vec<(String, String)>, StoreError> {
+        let mut st = self
+            .tx
+            .prepare_cached("SELECT name, written FROM tenants ORDER BY name")?;
+        let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    fn put_written_tenant(&mut self, name: &str, written: &str) -> Result<(), StoreError> {
+        self.tx
+            .prepare_cached(
+                "INSERT INTO tenants (name, written) VALUES (?1, ?2)
+                 ON CONFLICT (name) DO UPDATE SET written = ?2",
+            )?
+            .execute(params![name, written])?;
+        Ok(())
+    }
+
+    fn delete_written_tenant(&mut self, name: &str) -> Result<bool, StoreError> {
+        let n = self
+            .tx
+            .prepare_cached("DELETE FROM tenants WHERE name = ?1")?
+            .execute([name])?;
+        Ok(n > 0)
+    }
+
+    fn tenant_has_work(&mut self, tenant: &str) -> Result<bool, StoreError> {
+        let mut st = self.tx.prepare_cached(
+            "SELECT EXISTS (SELECT 1 FROM operations WHERE tenant = ?1
+             AND state IN ('queued', 'active', 'unknown', 'retry_pending'))",
+        )?;
+        Ok(st.query_row([tenant], |r| r.get(0))?)
+    }
+
+    fn api_keys(&mut self) -> Result<Vec<StoredKey>, StoreError> {
+        let mut st = self
+            .tx
+            .prepare_cached("SELECT id, sha256, role, subject FROM api_keys ORDER BY id")?;
+        let rows = st.query_map([], |r| {
+            Ok(StoredKey {
+                id: r.get(0)?,
+                sha256: r.get(1)?,
+                role: r.get(2)?,
+                subject: r.get(3)?,
+            })
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    fn put_api_key(&mut self, key: &StoredKey) -> Result<(), StoreError> {
+        self.tx
+            .prepare_cached(
+                "INSERT INTO api_keys (id, sha256, role, subject) VALUES (?1, ?2, ?3, ?4)",
+            )?
+            .execute(params![key.id, key.sha256, key.role, key.subject])?;
+        Ok(())
+    }
+
+    fn delete_api_key(&mut self, id: &str) -> Result<bool, StoreError> {
+        let n = self
+            .tx
+            .prepare_cached("DELETE FROM api_keys WHERE id = ?1")?
+            .execute([id])?;
+        Ok(n > 0)
     }
 
     fn retain_policy_components(&mut self, keep: [&str; 3]) -> Result<(), StoreError> {

@@ -1,0 +1,424 @@
+//! The directory: tenants and the keys that act for them, kept in the store so that every
+//! replica on one store enforces the same ones and a restart keeps them. Tenants are kept as
+//! written (laid over the configuration's `tenant_defaults` and checked like a file's); keys
+//! only as their SHA-256, with a public id to list and revoke them by. A change through any
+//! replica is written in one transaction that bumps a generation; each writer reads the
+//! generation now and then ([`Engine::sync_directory`]) and rebuilds what changed. The
+//! configuration file's tenants and keys seed an empty store, once.
+
+use super::budgets::Budgets;
+use super::Engine;
+use crate::config::{ConfigError, Role, TenantConfig};
+use crate::store::{Store, StoreError, StoredKey, Tx};
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+const SEEDED: &str = "directory.seeded";
+const GENERATION: &str = "directory.generation";
+
+/// The keys this engine knows, by SHA-256 of the key.
+pub(super) type KeyTable = HashMap<[u8; 32], KeyInfo>;
+
+/// A key as listed: never the key itself.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct KeyInfo {
+    /// The key's public id.
+    pub id: String,
+    /// `caller`, `worker` or `admin`.
+    pub role: String,
+    /// A caller key's tenant.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    /// A worker key's worker name.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+impl KeyInfo {
+    /// The role the key gives.
+    pub fn as_role(&self) -> Role {
+        match (self.role.as_str(), &self.tenant, &self.name) {
+            ("caller", Some(tenant), _) => Role::Caller {
+                tenant: tenant.clone(),
+            },
+            ("worker", _, Some(name)) => Role::Worker { name: name.clone() },
+            _ => Role::Admin,
+        }
+    }
+
+    fn of(stored: &StoredKey) -> Option<KeyInfo> {
+        let (tenant, name) = match stored.role.as_str() {
+            "caller" => (Some(stored.subject.clone()), None),
+            "worker" => (None, Some(stored.subject.clone())),
+            "admin" => (None, None),
+            _ => return None,
+        };
+        Some(KeyInfo {
+            id: stored.id.clone(),
+            role: stored.role.clone(),
+            tenant,
+            name,
+        })
+    }
+}
+
+/// Why a directory change was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum DirectoryError {
+    /// The change is not valid (a bad tenant, an unknown role): nothing changed.
+    #[error("{0}")]
+    Invalid(String),
+    /// No such tenant or key.
+    #[error("{0} not found")]
+    NotFound(String),
+    /// The tenant still has work in flight.
+    #[error("tenant {0} has queued, active, unknown or retrying operations")]
+    Busy(String),
+    /// Revoking the key would leave no admin key: nobody could change anything again.
+    #[error("the last admin key cannot be revoked")]
+    LastAdmin,
+    /// The store failed: nothing changed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl From<ConfigError> for DirectoryError {
+    fn from(e: ConfigError) -> Self {
+        DirectoryError::Invalid(e.0)
+    }
+}
+
+/// Longest worker name a key may carry.
+const MAX_WORKER_NAME_BYTES: usize = 255;
+
+fn sha256(key: &str) -> [u8; 32] {
+    Sha256::digest(key.as_bytes()).into()
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(text: &str) -> Option<[u8; 32]> {
+    let mut out = [0u8; 32];
+    if text.len() != 64 {
+        return None;
+    }
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(text.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
+}
+
+/// `n` bytes from the operating system's random source.
+fn random(n: usize) -> Result<Vec<u8>, StoreError> {
+    let mut bytes = vec![0u8; n];
+    getrandom::getrandom(&mut bytes)
+        .map_err(|e| StoreError::Schema(format!("no random source: {e}")))?;
+    Ok(bytes)
+}
+
+/// How a role is kept: its word and its subject.
+fn stored_role(role: &Role) -> (&'static str, String) {
+    match role {
+        Role::Caller { tenant } => ("caller", tenant.clone()),
+        Role::Worker { name } => ("worker", name.clone()),
+        Role::Admin => ("admin", String::new()),
+    }
+}
+
+fn new_key_record(key: &str, role: &Role) -> Result<StoredKey, StoreError> {
+    let (word, subject) = stored_role(role);
+    Ok(StoredKey {
+        id: format!("key_{}", hex(&random(8)?)),
+        sha256: hex(&sha256(key)),
+        role: word.to_string(),
+        subject,
+    })
+}
+
+fn bump(tx: &mut dyn Tx) -> Result<i64, StoreError> {
+    let next = tx
+        .meta(GENERATION)?
+        .and_then(|g| g.parse::<i64>().ok())
+        .unwrap_or(0)
+        + 1;
+    tx.set_meta(GENERATION, &next.to_string())?;
+    Ok(next)
+}
+
+/// What the store's directory holds, read in one transaction.
+struct Snapshot {
+    generation: i64,
+    tenants: BTreeMap<String, serde_json::Value>,
+    keys: Vec<StoredKey>,
+}
+
+fn read(tx: &mut dyn Tx) -> Result<Snapshot, StoreError> {
+    let generation = tx
+        .meta(GENERATION)?
+        .and_then(|g| g.parse().ok())
+        .unwrap_or(0);
+    let mut tenants = BTreeMap::new();
+    for (name, written) in tx.written_tenants()? {
+        let value = serde_json::from_str(&written)
+            .map_err(|e| StoreError::Schema(format!("tenant {name}: {e}")))?;
+        tenants.insert(name, value);
+    }
+    Ok(Snapshot {
+        generation,
+        tenants,
+        keys: tx.api_keys()?,
+    })
+}
+
+/// Brings `tenant`'s balances to `now_ms` under its `old` limits, then caps them by its
+/// `new` ones: a change keeps what the tenant has, never more than the new capacity.
+fn carry_balances(
+    tx: &mut dyn Tx,
+    tenant: &str,
+    old: &TenantConfig,
+    new: &TenantConfig,
+    now_ms: i64,
+) -> Result<(), StoreError> {
+    let old = Budgets::of_tenant(tenant, old);
+    for bucket in Budgets::of_tenant(tenant, new) {
+        let Some(state) = tx.bucket(&bucket.name)? else {
+            continue;
+        };
+        let state = match old.iter().find(|b| b.name == bucket.name) {
+            Some(before) => state.refilled(before.limits, now_ms),
+            None => state,
+        };
+        tx.set_bucket(&bucket.name, state.refilled(bucket.limits, now_ms))?;
+    }
+    Ok(())
+}
+
+/// What [`Engine::adopt_directory`] found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DirectoryAdopted {
+    /// The store was empty: the configuration's tenants and keys are now the store's.
+    Seeded,
+    /// The store's directory is in force; whether the configuration's tenants differ from it.
+    FromStore {
+        /// The configuration file's tenants are not the store's.
+        tenants_differ: bool,
+    },
+}
+
+impl<S: Store> Engine<S> {
+    /// Seeds an empty store's directory with the configuration's tenants and `keys`, or takes
+    /// up the store's. Called once at start-up, before serving.
+    pub fn adopt_directory(
+        &self,
+        keys: &HashMap<String, Role>,
+    ) -> Result<DirectoryAdopted, DirectoryError> {
+        let configured = self.config().written_tenants();
+        let seeded = self.transaction(|tx| {
+            if tx.meta(SEEDED)?.is_some() {
+                return Ok(false);
+            }
+            for (name, written) in &configured {
+                tx.put_written_tenant(name, &written.to_string())?;
+            }
+            for (key, role) in keys {
+                tx.put_api_key(&new_key_record(key, role)?)?;
+            }
+            tx.set_meta(SEEDED, "1")?;
+            bump(tx)?;
+            Ok(true)
+        })?;
+        self.directory_generation.store(-1, Ordering::SeqCst);
+        self.sync_directory()?;
+        Ok(if seeded {
+            DirectoryAdopted::Seeded
+        } else {
+            DirectoryAdopted::FromStore {
+                tenants_differ: self.config().written_tenants() != configured,
+            }
+        })
+    }
+
+    /// Takes up a directory change another replica made: when the store's generation moved,
+    /// its tenants and keys become this engine's. Whether anything changed.
+    pub fn sync_directory(&self) -> Result<bool, DirectoryError> {
+        let seen = self.directory_generation.load(Ordering::SeqCst);
+        let generation = self.transaction(|tx| {
+            Ok(tx
+                .meta(GENERATION)?
+                .and_then(|g| g.parse::<i64>().ok())
+                .unwrap_or(0))
+        })?;
+        // Generation 0: the store has no directory yet; the configuration's stays.
+        if generation == seen || generation == 0 {
+            return Ok(false);
+        }
+        // Read and applied under the store's lock: no decision sees half of it.
+        let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
+        let snapshot = store.transaction(read)?;
+        let config = self.config().with_written_tenants(&snapshot.tenants)?;
+        *self.config.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(config);
+        let table: KeyTable = snapshot
+            .keys
+            .iter()
+            .filter_map(|k| Some((unhex(&k.sha256)?, KeyInfo::of(k)?)))
+            .collect();
+        *self.keys.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(table);
+        self.directory_generation
+            .store(snapshot.generation, Ordering::SeqCst);
+        Ok(true)
+    }
+
+    /// The role `key` gives, if the directory knows it.
+    pub fn role_of(&self, key: &str) -> Option<Role> {
+        let keys = self.keys.read().unwrap_or_else(|e| e.into_inner());
+        keys.get(&sha256(key)).map(KeyInfo::as_role)
+    }
+
+    /// Every key, by id (never the keys themselves).
+    pub fn keys(&self) -> Vec<KeyInfo> {
+        let keys = self.keys.read().unwrap_or_else(|e| e.into_inner()).clone();
+        let mut out: Vec<KeyInfo> = keys.values().cloned().collect();
+        out.sort_by(|a, b| a.id.cmp(&b.id));
+        out
+    }
+
+    /// Creates (or replaces) a tenant from its settings as written, checked like the
+    /// configuration file's. Its balances are kept (capped at new capacities when refilled);
+    /// a new tenant's buckets start full.
+    pub fn put_tenant(
+        &self,
+        name: &str,
+        written: &serde_json::Value,
+        now_ms: i64,
+    ) -> Result<(), DirectoryError> {
+        let change = |tenants: &mut BTreeMap<String, serde_json::Value>, _: &mut dyn Tx| {
+            tenants.insert(name.to_string(), written.clone());
+            Ok(())
+        };
+        self.change_tenants(change, now_ms)
+    }
+
+    /// Deletes a tenant and revokes its caller keys (their ids returned); refused while it
+    /// has queued, active, unknown or retrying operations.
+    pub fn delete_tenant(&self, name: &str) -> Result<Vec<String>, DirectoryError> {
+        let mut revoked = Vec::new();
+        let change = |tenants: &mut BTreeMap<String, serde_json::Value>, tx: &mut dyn Tx| {
+            if tenants.remove(name).is_none() {
+                return Err(DirectoryError::NotFound(format!("tenant {name}")));
+            }
+            if tx.tenant_has_work(name)? {
+                return Err(DirectoryError::Busy(name.to_string()));
+            }
+            for key in tx.api_keys()? {
+                if key.role == "caller" && key.subject == name {
+                    tx.delete_api_key(&key.id)?;
+                    revoked.push(key.id);
+                }
+            }
+            Ok(())
+        };
+        // Nothing is kept of a deleted tenant's balances: the time does not matter.
+        self.change_tenants(change, 0)?;
+        Ok(revoked)
+    }
+
+    /// Applies `change` to the store's tenants, checks the result as a configuration, writes
+    /// it and takes it up here; on any error nothing changed. A changed tenant's balances
+    /// are brought to `now_ms` under its old limits and capped by its new ones.
+    fn change_tenants(
+        &self,
+        change: impl FnOnce(
+            &mut BTreeMap<String, serde_json::Value>,
+            &mut dyn Tx,
+        ) -> Result<(), DirectoryError>,
+        now_ms: i64,
+    ) -> Result<(), DirectoryError> {
+        let config = self.config();
+        let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
+        // An error from `change` or the check rolls the transaction back.
+        store.transaction(|tx| -> Result<(), DirectoryError> {
+            let before = read(tx)?.tenants;
+            let mut after = before.clone();
+            change(&mut after, tx)?;
+            let next = config.with_written_tenants(&after)?;
+            for (name, written) in &after {
+                if before.get(name) != Some(written) {
+                    tx.put_written_tenant(name, &written.to_string())?;
+                    if let (Some(old), Some(new)) = (config.tenant(name), next.tenant(name)) {
+                        carry_balances(tx, name, old, new, now_ms)?;
+                    }
+                }
+            }
+            for name in before.keys().filter(|n| !after.contains_key(*n)) {
+                tx.delete_written_tenant(name)?;
+            }
+            bump(tx)?;
+            Ok(())
+        })?;
+        drop(store);
+        self.sync_directory()?;
+        Ok(())
+    }
+
+    /// Creates a key for `role`: its id and the key, which is shown this once.
+    pub fn create_key(&self, role: &Role) -> Result<(String, String), DirectoryError> {
+        match role {
+            Role::Caller { tenant } if self.config().tenant(tenant).is_none() => {
+                return Err(DirectoryError::NotFound(format!("tenant {tenant}")))
+            }
+            Role::Worker { name } if name.is_empty() || name.len() > MAX_WORKER_NAME_BYTES => {
+                return Err(DirectoryError::Invalid(format!(
+                    "a worker name is 1 to {MAX_WORKER_NAME_BYTES} bytes"
+                )))
+            }
+            _ => {}
+        }
+        let key = format!("tg_{}", hex(&random(32)?));
+        let record = new_key_record(&key, role)?;
+        let id = record.id.clone();
+        self.transaction(|tx| {
+            tx.put_api_key(&record)?;
+            bump(tx).map(drop)
+        })?;
+        self.sync_directory()?;
+        Ok((id, key))
+    }
+
+    /// Revokes a key by id, on every replica once they have synced.
+    pub fn revoke_key(&self, id: &str) -> Result<(), DirectoryError> {
+        let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
+        store.transaction(|tx| -> Result<(), DirectoryError> {
+            let keys = tx.api_keys()?;
+            let Some(key) = keys.iter().find(|k| k.id == id) else {
+                return Err(DirectoryError::NotFound(format!("key {id}")));
+            };
+            if key.role == "admin" && keys.iter().filter(|k| k.role == "admin").count() == 1 {
+                return Err(DirectoryError::LastAdmin);
+            }
+            tx.delete_api_key(id)?;
+            bump(tx)?;
+            Ok(())
+        })?;
+        drop(store);
+        self.sync_directory()?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hashes_round_trip_through_hex() {
+        let h = sha256("acme-key");
+        assert_eq!(unhex(&hex(&h)), Some(h));
+        assert_eq!(unhex("zz"), None);
+        assert_eq!(unhex(&"g".repeat(64)), None);
+    }
+}

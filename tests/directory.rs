@@ -1,0 +1,271 @@
+//! Tenants and keys at run time on a running server: made, changed, revoked and deleted
+//! through the admin endpoints and `tollgate tenants` / `tollgate keys`, kept by the store
+//! across restarts, with keys kept only as hashes.
+
+mod common;
+
+use common::http::*;
+use serde_json::{json, Value};
+use std::process::Command;
+
+fn send(s: &Server, method: &str, path: &str, key: &str, body: Option<Value>) -> (u16, Value) {
+    let text = body.map(|b| b.to_string());
+    let (status, _, answer) = s.call(method, path, Some(key), text.as_deref());
+    (status, answer)
+}
+
+/// `tollgate <args> --server <base> --key ADMIN`: success and stdout.
+fn cli(s: &Server, args: &[&str]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(args)
+        .args(["--server", &s.base, "--key", ADMIN])
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
+    )
+}
+
+fn requests_left(s: &Server, tenant: &str) -> i64 {
+    let view = send(s, "GET", "/v1/admin/inspect", ADMIN, None).1;
+    view["buckets"][format!("tenant.{tenant}.requests")]
+        .as_i64()
+        .unwrap_or_else(|| panic!("{view}"))
+}
+
+#[test]
+fn tenants_and_keys_are_made_at_run_time_and_kept_across_restarts() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path(), &config());
+
+    // The file's tenants seeded the store.
+    let (status, listed) = send(&s, "GET", "/v1/admin/tenants", ADMIN, None);
+    assert_eq!(status, 200);
+    let names: Vec<&str> = listed["tenants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["acme", "globex"]);
+    // Only admins.
+    assert_eq!(send(&s, "GET", "/v1/admin/tenants", CALLER, None).0, 403);
+
+    // A bad tenant is refused whole, with what is wrong.
+    for bad in [
+        json!({"wieght": 2}),
+        json!({"weight": 0}),
+        json!({"requests": {"capacity": -1}}),
+        json!({"models": {"nope": {"tokens": {"capacity": 1, "refill_per_s": 1}}}}),
+        json!([1]),
+    ] {
+        let (status, answer) = send(
+            &s,
+            "PUT",
+            "/v1/admin/tenants/initech",
+            ADMIN,
+            Some(bad.clone()),
+        );
+        assert_eq!(status, 400, "{bad} -> {answer}");
+    }
+    assert_eq!(
+        send(&s, "GET", "/v1/admin/tenants/initech", ADMIN, None).0,
+        404
+    );
+
+    // A new tenant and a caller key for it, through the CLI.
+    let (ok, out) = cli(
+        &s,
+        &[
+            "tenants",
+            "put",
+            "initech",
+            r#"{"requests": {"capacity": 10, "refill_per_s": 0}}"#,
+        ],
+    );
+    assert!(ok, "{out}");
+    let (status, initech) = send(&s, "GET", "/v1/admin/tenants/initech", ADMIN, None);
+    assert_eq!(status, 200);
+    assert_eq!(
+        initech["config"],
+        json!({"requests": {"capacity": 10.0, "refill_per_s": 0.0}})
+    );
+    // The defaults applied: the file's tenant_defaults' tokens.
+    assert_eq!(initech["effective"]["tokens"]["capacity"], 10000.0);
+
+    let (ok, out) = cli(
+        &s,
+        &["keys", "create", "--role", "caller", "--tenant", "initech"],
+    );
+    assert!(ok, "{out}");
+    let made: Value = serde_json::from_str(&out).unwrap_or_else(|_| panic!("{out}"));
+    let key = made["key"].as_str().unwrap().to_string();
+    let id = made["id"].as_str().unwrap().to_string();
+    assert!(key.len() >= 32, "{key}");
+    let (status, _, answer) = s.admit(&key, request("i1", "interactive", 10));
+    assert_eq!(status, 200, "{answer}");
+    let (status, _, answer) = s.admit(&key, request("i2", "interactive", 10));
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(requests_left(&s, "initech"), 8);
+
+    // A key for an unknown tenant, or of an unknown role, is refused.
+    let (status, _) = send(
+        &s,
+        "POST",
+        "/v1/admin/keys",
+        ADMIN,
+        Some(json!({"role": "caller", "tenant": "nobody"})),
+    );
+    assert_eq!(status, 404);
+    let (status, _) = send(
+        &s,
+        "POST",
+        "/v1/admin/keys",
+        ADMIN,
+        Some(json!({"role": "root"})),
+    );
+    assert_eq!(status, 400);
+
+    // Listing shows ids and roles, never a key.
+    let (status, keys) = send(&s, "GET", "/v1/admin/keys", ADMIN, None);
+    assert_eq!(status, 200);
+    let text = keys.to_string();
+    assert!(
+        !text.contains(&key) && !text.contains(CALLER) && !text.contains(ADMIN),
+        "{text}"
+    );
+    assert!(keys["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|k| k["id"] == id.as_str() && k["role"] == "caller" && k["tenant"] == "initech"));
+
+    // Lowering the capacity keeps the balance, capped; raising it does not refill.
+    let (status, _) = send(
+        &s,
+        "PUT",
+        "/v1/admin/tenants/initech",
+        ADMIN,
+        Some(json!({"requests": {"capacity": 5, "refill_per_s": 0}})),
+    );
+    assert_eq!(status, 200);
+    assert_eq!(requests_left(&s, "initech"), 5);
+    let (status, _) = send(
+        &s,
+        "PUT",
+        "/v1/admin/tenants/initech",
+        ADMIN,
+        Some(json!({"requests": {"capacity": 50, "refill_per_s": 0}})),
+    );
+    assert_eq!(status, 200);
+    assert_eq!(requests_left(&s, "initech"), 5);
+
+    // A tenant with an active operation cannot be deleted.
+    let (status, answer) = send(&s, "DELETE", "/v1/admin/tenants/initech", ADMIN, None);
+    assert_eq!(
+        (status, answer["reason"].as_str()),
+        (409, Some("tenant_busy")),
+        "{answer}"
+    );
+
+    // A revoked key is refused at once.
+    let (ok, out) = cli(&s, &["keys", "revoke", "acme-and-nothing"]);
+    assert!(!ok, "{out}");
+    let acme_id = keys["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|k| k["tenant"] == "globex")
+        .unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (ok, out) = cli(&s, &["keys", "revoke", &acme_id]);
+    assert!(ok, "{out}");
+    assert_eq!(
+        s.admit(OTHER_CALLER, request("g1", "interactive", 1)).0,
+        401
+    );
+    assert!(s.stop().success());
+
+    // Keys are kept as hashes: no key in the store's files.
+    for entry in std::fs::read_dir(dir.path()).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "json") {
+            continue;
+        }
+        let bytes = std::fs::read(&path).unwrap();
+        for secret in [key.as_str(), CALLER, ADMIN] {
+            assert!(
+                !bytes.windows(secret.len()).any(|w| w == secret.as_bytes()),
+                "{secret} found in {}",
+                path.display()
+            );
+        }
+    }
+
+    // A restart with the same file keeps the store's tenants and keys.
+    let s = Server::start(dir.path(), &config());
+    assert_eq!(
+        send(&s, "GET", "/v1/admin/tenants/initech", ADMIN, None).0,
+        200
+    );
+    assert_eq!(requests_left(&s, "initech"), 5);
+    assert_eq!(
+        s.admit(OTHER_CALLER, request("g2", "interactive", 1)).0,
+        401,
+        "revoked stays revoked"
+    );
+    // The created key still acts for its tenant (the global limit is 2 calls in flight).
+    let done = Some(json!({"result": "succeeded"}));
+    let path = "/v1/operations/i1/complete";
+    assert_eq!(send(&s, "POST", path, &key, done.clone()).0, 200);
+    let (status, _, answer) = s.admit(&key, request("i3", "interactive", 10));
+    assert_eq!(status, 200, "{answer}");
+
+    // Once its work is done the tenant can be deleted; its caller keys go with it.
+    for op in ["i2", "i3"] {
+        let path = format!("/v1/operations/{op}/complete");
+        assert_eq!(
+            send(
+                &s,
+                "POST",
+                &path,
+                &key,
+                Some(json!({"result": "succeeded"}))
+            )
+            .0,
+            200
+        );
+    }
+    let (ok, out) = cli(&s, &["tenants", "delete", "initech"]);
+    assert!(ok, "{out}");
+    assert!(out.contains(&id), "{out}");
+    assert_eq!(s.admit(&key, request("i4", "interactive", 10)).0, 401);
+    let (ok, out) = cli(&s, &["tenants", "list"]);
+    assert!(ok && !out.contains("initech"), "{out}");
+
+    // The last admin key cannot be revoked.
+    let admin_id = send(&s, "GET", "/v1/admin/keys", ADMIN, None).1["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|k| k["role"] == "admin")
+        .unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (status, answer) = send(
+        &s,
+        "DELETE",
+        &format!("/v1/admin/keys/{admin_id}"),
+        ADMIN,
+        None,
+    );
+    assert_eq!(
+        (status, answer["reason"].as_str()),
+        (409, Some("last_admin_key"))
+    );
+    assert!(s.stop().success());
+}
