@@ -128,6 +128,14 @@ async fn admit(
             Ok((d, levels))
         }
         Ok(_) => Err(openai::ApiError::new(500, "internal", "unexpected answer")),
+        Err(crate::service::Failure::Unavailable(e)) => {
+            tracing::warn!(error = %e, "store unavailable");
+            Err(openai::ApiError::new(
+                503,
+                "store_unavailable",
+                "the store is unavailable; retry shortly",
+            ))
+        }
         Err(e) => {
             tracing::error!(error = %e, "store failure");
             Err(openai::ApiError::new(500, "internal", "store failure"))

@@ -3,6 +3,16 @@
 
 use super::*;
 
+/// `GET /healthz`: ok while the writer takes jobs; 503 once it has stopped (the process
+/// then exits non-zero, for a supervisor to restart it).
+pub(super) async fn healthz(State(s): State<Shared>) -> Response {
+    if s.writer.is_running() {
+        "ok\n".into_response()
+    } else {
+        refuse(503, "writer_stopped").into_response()
+    }
+}
+
 pub(super) async fn policy_get(
     State(s): State<Shared>,
     headers: HeaderMap,

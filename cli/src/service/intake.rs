@@ -138,6 +138,11 @@ impl<T> Intake<T> {
         drop(lanes);
         drop(dropped);
     }
+
+    /// Whether [`Intake::close`] was called (the receiver stopped).
+    pub fn is_closed(&self) -> bool {
+        self.room.is_closed()
+    }
 }
 
 #[cfg(test)]

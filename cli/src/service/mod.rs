@@ -25,7 +25,7 @@ mod writer;
 pub use metrics::Metrics;
 pub use server::{build, build_with, serve, shutdown_signal, watch_policy};
 pub use tollgate::config::{ConfigFile, Role};
-pub use writer::{Writer, WRITER_THREAD};
+pub use writer::{Failure, Writer, WRITER_THREAD};
 
 use admin::*;
 pub(crate) use auth::role;
@@ -140,7 +140,7 @@ pub fn router(state: Shared) -> Router {
         .route("/v1/admin/keys/{id}", axum::routing::delete(key_delete))
         .route("/v1/admin/downstream", post(downstream))
         .route("/v1/admin/inspect", get(inspect))
-        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .fallback(|| async { refuse(404, "not_found") })
         .method_not_allowed_fallback(|| async { refuse(405, "method_not_allowed") })

@@ -4,11 +4,23 @@
 use super::*;
 
 pub(super) async fn submit(s: &AppState, job: Job) -> Result<Answer, Refusal> {
-    s.writer.submit(job).await.map_err(|e| {
-        tracing::error!(error = %e, "store failure");
-        refuse(500, "internal")
+    s.writer.submit(job).await.map_err(|e| match e {
+        Failure::Unavailable(e) => {
+            tracing::warn!(error = %e, "store unavailable");
+            Refusal {
+                retry_after_ms: Some(STORE_RETRY_AFTER_MS),
+                ..refuse(503, "store_unavailable")
+            }
+        }
+        Failure::Failed(e) => {
+            tracing::error!(error = %e, "store failure");
+            refuse(500, "internal")
+        }
     })
 }
+
+/// The retry-after of a `store_unavailable` answer: about how long connecting again takes.
+pub(crate) const STORE_RETRY_AFTER_MS: u64 = 1000;
 
 pub(super) async fn admit(
     State(s): State<Shared>,

@@ -109,8 +109,17 @@ pub async fn serve(
         state.max_connections,
         state.metrics.connections.clone(),
     );
+    let mut writer_check = tokio::time::interval(Duration::from_millis(200));
+    let mut writer_died = false;
     loop {
         tokio::select! {
+            _ = writer_check.tick() => {
+                if writer_thread.is_finished() || !state.writer.is_running() {
+                    tracing::error!("the writer thread stopped: shutting down to be restarted");
+                    writer_died = true;
+                    break;
+                }
+            }
             (stream, place) = acceptor.accept() => {
                 let _ = stream.set_nodelay(true);
                 let service = hyper_util::service::TowerToHyperService::new(app.clone());
@@ -142,6 +151,11 @@ pub async fn serve(
     tokio::task::spawn_blocking(move || writer_thread.join())
         .await
         .ok();
+    if writer_died {
+        return Err(std::io::Error::other(
+            "the writer thread stopped; nothing more could be committed",
+        ));
+    }
     tracing::info!("stopped");
     Ok(())
 }

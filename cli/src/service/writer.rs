@@ -24,9 +24,37 @@ const QUEUE_BOUND: usize = 4096;
 /// policy watcher).
 const SPARE_ROOM: usize = 64;
 
+/// Why the writer could not answer a job.
+#[derive(Clone, Debug)]
+pub enum Failure {
+    /// The store cannot be reached now; nothing was written for the job. Answered 503
+    /// `store_unavailable`, worth retrying shortly.
+    Unavailable(String),
+    /// Anything else (answered 500).
+    Failed(String),
+}
+
+impl Failure {
+    fn of(e: &tollgate::store::StoreError) -> Self {
+        if e.is_unavailable() {
+            Failure::Unavailable(e.to_string())
+        } else {
+            Failure::Failed(e.to_string())
+        }
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failure::Unavailable(e) | Failure::Failed(e) => f.write_str(e),
+        }
+    }
+}
+
 /// Where one job's answer goes: its channel, and the runtime its submitter waits on.
 struct Reply {
-    to: oneshot::Sender<Result<Answer, String>>,
+    to: oneshot::Sender<Result<Answer, Failure>>,
     runtime: Option<Handle>,
 }
 
@@ -98,8 +126,17 @@ impl Writer {
                     let (mut jobs, replies): (Vec<Job>, Vec<Reply>) = batch.into_iter().unzip();
                     // Replicas on a shared store all use its clock, so that skewed machine
                     // clocks cannot mint credits.
-                    if let Ok(Some(now)) = engine.store_clock_ms() {
-                        jobs.iter_mut().for_each(|j| j.set_now(now));
+                    // A clock that cannot be read refuses the batch: falling back to this
+                    // machine's clock would let a skewed replica mint credits.
+                    match engine.store_clock_ms() {
+                        Ok(Some(now)) => jobs.iter_mut().for_each(|j| j.set_now(now)),
+                        Ok(None) => {}
+                        Err(e) => {
+                            let failure = Failure::of(&e);
+                            tracing::warn!(error = %e, "the store's clock could not be read");
+                            deliver(replies, jobs.iter().map(|_| Err(failure.clone())).collect());
+                            continue;
+                        }
                     }
                     let started = std::time::Instant::now();
                     let result = engine.run_batch(&jobs);
@@ -107,12 +144,12 @@ impl Writer {
                     metrics
                         .batch_seconds
                         .observe(started.elapsed().as_secs_f64());
-                    let answers: Vec<Result<Answer, String>> = match result {
+                    let answers: Vec<Result<Answer, Failure>> = match result {
                         Ok(answers) => answers
                             .into_iter()
-                            .map(|a| a.map_err(|e| e.to_string()))
+                            .map(|a| a.map_err(|e| Failure::of(&e)))
                             .collect(),
-                        Err(e) => replies.iter().map(|_| Err(e.to_string())).collect(),
+                        Err(e) => replies.iter().map(|_| Err(Failure::of(&e))).collect(),
                     };
                     deliver(replies, answers);
                 }
@@ -121,8 +158,14 @@ impl Writer {
         (Writer { intake }, handle)
     }
 
+    /// Whether the writer thread still takes jobs (it closes the intake when it ends,
+    /// unwinding included).
+    pub fn is_running(&self) -> bool {
+        !self.intake.is_closed()
+    }
+
     /// Submits one job and waits for its committed answer.
-    pub async fn submit(&self, job: Job) -> Result<Answer, String> {
+    pub async fn submit(&self, job: Job) -> Result<Answer, Failure> {
         let (to, answer) = oneshot::channel();
         let reply = Reply {
             to,
@@ -132,10 +175,10 @@ impl Writer {
         self.intake
             .send(lane, (job, reply))
             .await
-            .map_err(|_| "the writer has stopped".to_string())?;
+            .map_err(|_| Failure::Failed("the writer has stopped".into()))?;
         answer
             .await
-            .map_err(|_| "the writer dropped the job".to_string())?
+            .map_err(|_| Failure::Failed("the writer dropped the job".into()))?
     }
 }
 
@@ -143,7 +186,7 @@ impl Writer {
 /// system call whenever a worker sleeps, which is most of the time while the writer is the
 /// busy one; so the batch's answers go to the runtime as one task, which wakes the
 /// requests from inside (one wake-up per batch instead of one per request).
-fn deliver(replies: Vec<Reply>, answers: Vec<Result<Answer, String>>) {
+fn deliver(replies: Vec<Reply>, answers: Vec<Result<Answer, Failure>>) {
     // The newest submitter's runtime is the one most surely still running.
     let runtime = replies.iter().rev().find_map(|r| r.runtime.clone());
     let send_all = move || {
@@ -185,6 +228,10 @@ mod tests {
             let answer = rt.block_on(writer.submit(Job::Levels { now_ms: 0 }));
             assert!(matches!(answer, Ok(Answer::Inspection(_))), "{answer:?}");
         }
+        assert!(writer.is_running());
+        // A writer thread that ends (here: closed as its unwinding would) is seen as stopped.
+        writer.intake.close();
+        assert!(!writer.is_running());
         drop(writer);
         thread.join().unwrap();
     }

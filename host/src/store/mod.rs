@@ -32,6 +32,17 @@ pub enum StoreError {
     /// The schema or the store is not what this version expects.
     #[error("{0}")]
     Schema(String),
+    /// The store cannot be reached now (its connection is lost and being re-established):
+    /// nothing was written by the failed transaction. Worth retrying shortly.
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+}
+
+impl StoreError {
+    /// Whether the failure is the store's absence, not the request's fault or a bug.
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self, StoreError::Unavailable(_))
+    }
 }
 
 /// A queued durable job: metadata only, never a body.

@@ -12,6 +12,12 @@ use crate::bucket;
 use crate::model::{Operation, Priority};
 use postgres::{Client, NoTls, Row, Statement, Transaction};
 use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+/// The first wait before connecting again after a failed attempt; it doubles up to
+/// [`MOST_RECONNECT_WAIT`], so a database that is down is not hammered.
+const FIRST_RECONNECT_WAIT: Duration = Duration::from_millis(100);
+const MOST_RECONNECT_WAIT: Duration = Duration::from_secs(2);
 
 /// The advisory lock every engine transaction takes first.
 const ENGINE_LOCK: i64 = 0x746f_6c6c_6761_7465; // "tollgate"
@@ -66,6 +72,12 @@ pub struct PgStore {
     statements: HashMap<&'static str, Statement>,
     /// A private schema to drop when the store is dropped (conformance runs).
     scratch_schema: Option<String>,
+    /// Where to connect again when the connection is lost, and in which schema.
+    url: String,
+    search_path: Option<String>,
+    /// When the next attempt to connect again may be made, and the wait after a failure.
+    next_attempt: Option<Instant>,
+    reconnect_wait: Duration,
 }
 
 impl PgStore {
@@ -87,6 +99,7 @@ impl PgStore {
     }
 
     fn connect(url: &str, schema: Option<(String, bool)>) -> Result<Self, StoreError> {
+        let search_path = schema.as_ref().map(|(s, _)| s.clone());
         let mut client = Client::connect(url, NoTls)?;
         let mut scratch = None;
         if let Some((schema, fresh)) = schema {
@@ -116,16 +129,84 @@ impl PgStore {
             }
             tx.commit()?;
         }
-        let mut statements = HashMap::new();
-        for (name, sql) in STATEMENTS {
-            statements.insert(*name, client.prepare(sql)?);
-        }
+        let statements = prepare(&mut client)?;
         Ok(PgStore {
             client,
             statements,
             scratch_schema: scratch,
+            url: url.to_string(),
+            search_path,
+            next_attempt: None,
+            reconnect_wait: FIRST_RECONNECT_WAIT,
         })
     }
+
+    /// Connects again if the connection was lost: at once the first time, then after a
+    /// wait that doubles with each failure. While it cannot, every transaction fails with
+    /// [`StoreError::Unavailable`] before touching anything.
+    fn ensure_connected(&mut self) -> Result<(), StoreError> {
+        if !self.client.is_closed() {
+            return Ok(());
+        }
+        if self.next_attempt.is_some_and(|at| Instant::now() < at) {
+            return Err(StoreError::Unavailable(
+                "the database connection is lost; connecting again".into(),
+            ));
+        }
+        let attempt = (|| -> Result<(Client, HashMap<&'static str, Statement>), StoreError> {
+            let mut client = Client::connect(&self.url, NoTls)?;
+            if let Some(schema) = &self.search_path {
+                client.batch_execute(&format!("SET search_path TO \"{schema}\""))?;
+            }
+            let statements = prepare(&mut client)?;
+            Ok((client, statements))
+        })();
+        match attempt {
+            Ok((client, statements)) => {
+                self.client = client;
+                self.statements = statements;
+                self.next_attempt = None;
+                self.reconnect_wait = FIRST_RECONNECT_WAIT;
+                tracing::info!("connected to the database again");
+                Ok(())
+            }
+            Err(e) => {
+                self.next_attempt = Some(Instant::now() + self.reconnect_wait);
+                self.reconnect_wait = (self.reconnect_wait * 2).min(MOST_RECONNECT_WAIT);
+                Err(StoreError::Unavailable(format!(
+                    "connecting to the database again: {e}"
+                )))
+            }
+        }
+    }
+
+    /// `e` as the store's absence when the connection is gone or the server is shutting
+    /// down or starting up (SQLSTATE class 08, 57P01 to 57P03).
+    fn classify(&self, e: StoreError) -> StoreError {
+        let StoreError::Postgres(pe) = &e else {
+            return e;
+        };
+        let lost = self.client.is_closed()
+            || pe.is_closed()
+            || pe.code().is_some_and(|c| {
+                let code = c.code();
+                code.starts_with("08") || matches!(code, "57P01" | "57P02" | "57P03")
+            });
+        if lost {
+            StoreError::Unavailable(pe.to_string())
+        } else {
+            e
+        }
+    }
+}
+
+/// Prepares every statement the store uses on `client`.
+fn prepare(client: &mut Client) -> Result<HashMap<&'static str, Statement>, StoreError> {
+    let mut statements = HashMap::new();
+    for (name, sql) in STATEMENTS {
+        statements.insert(*name, client.prepare(sql)?);
+    }
+    Ok(statements)
 }
 
 impl Drop for PgStore {
@@ -143,15 +224,24 @@ impl Store for PgStore {
     where
         E: From<StoreError>,
     {
-        let mut tx = self.client.transaction().map_err(StoreError::from)?;
-        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ENGINE_LOCK])
-            .map_err(StoreError::from)?;
-        let result = f(&mut Cached::new(&mut PgTx {
-            tx: &mut tx,
-            st: &self.statements,
-        }))?;
-        tx.commit().map_err(StoreError::from)?;
-        Ok(result)
+        self.ensure_connected()?;
+        // The outer error is the store's own (begin, lock, commit); the inner one `f`'s.
+        let attempt = (|| -> Result<Result<T, E>, StoreError> {
+            let mut tx = self.client.transaction()?;
+            tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ENGINE_LOCK])?;
+            let result = f(&mut Cached::new(&mut PgTx {
+                tx: &mut tx,
+                st: &self.statements,
+            }));
+            if result.is_ok() {
+                tx.commit()?;
+            }
+            Ok(result)
+        })();
+        match attempt {
+            Ok(result) => result,
+            Err(e) => Err(self.classify(e).into()),
+        }
     }
 
     /// Together first, with savepoints only if a job failed (see `Isolation`).
@@ -160,15 +250,25 @@ impl Store for PgStore {
         n: usize,
         mut f: impl FnMut(usize, &mut dyn Tx) -> Result<T, StoreError>,
     ) -> Result<Vec<Result<T, StoreError>>, StoreError> {
-        together_then_apart(|isolation| self.run_batch(n, &mut f, isolation))
+        self.ensure_connected()?;
+        match together_then_apart(|isolation| self.run_batch(n, &mut f, isolation)) {
+            Ok(results) => Ok(results
+                .into_iter()
+                .map(|r| r.map_err(|e| self.classify(e)))
+                .collect()),
+            Err(e) => Err(self.classify(e)),
+        }
     }
 
     fn clock_ms(&mut self) -> Result<Option<i64>, StoreError> {
-        let row = self.client.query_one(
+        self.ensure_connected()?;
+        match self.client.query_one(
             "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint",
             &[],
-        )?;
-        Ok(Some(row.get(0)))
+        ) {
+            Ok(row) => Ok(Some(row.get(0))),
+            Err(e) => Err(self.classify(e.into())),
+        }
     }
 }
 
