@@ -279,6 +279,12 @@ impl<S: Store> Engine<S> {
         self.transaction(|tx| Ok(tx.operation(tenant, key)?.as_ref().map(OperationView::of)))
     }
 
+    /// Every operation's whole record (slots held, reservations outstanding), for audits
+    /// such as the invariant tests.
+    pub fn operation_records(&self) -> Result<Vec<Operation>, StoreError> {
+        self.transaction(|tx| tx.operations())
+    }
+
     /// Queue depth per configured tenant.
     pub fn queue_depths(&self) -> Result<BTreeMap<String, u32>, StoreError> {
         self.transaction(|tx| {
