@@ -8,6 +8,7 @@
 mod cached;
 use cached::Cached;
 pub mod postgres;
+mod postgres_tls;
 mod schema;
 pub mod sqlite;
 

@@ -10,7 +10,7 @@ use super::{
 };
 use crate::bucket;
 use crate::model::{Operation, Priority};
-use postgres::{Client, NoTls, Row, Statement, Transaction};
+use postgres::{Client, Row, Statement, Transaction};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
@@ -100,7 +100,7 @@ impl PgStore {
 
     fn connect(url: &str, schema: Option<(String, bool)>) -> Result<Self, StoreError> {
         let search_path = schema.as_ref().map(|(s, _)| s.clone());
-        let mut client = Client::connect(url, NoTls)?;
+        let mut client = super::postgres_tls::connect(url)?;
         let mut scratch = None;
         if let Some((schema, fresh)) = schema {
             if fresh {
@@ -154,7 +154,7 @@ impl PgStore {
             ));
         }
         let attempt = (|| -> Result<(Client, HashMap<&'static str, Statement>), StoreError> {
-            let mut client = Client::connect(&self.url, NoTls)?;
+            let mut client = super::postgres_tls::connect(&self.url)?;
             if let Some(schema) = &self.search_path {
                 client.batch_execute(&format!("SET search_path TO \"{schema}\""))?;
             }
