@@ -1,6 +1,6 @@
 //! The engine's invariants under random sequences: admissions (interactive and durable),
 //! completions (with and without their attempt), reconciliations, dispatch and expiry,
-//! policy swaps and time steps, driven through the real engine and store. After every step:
+//! policy swaps, housekeeping sweeps (abandoned calls) and time steps, driven through the real engine and store. After every step:
 //!
 //! - slots in use equal the operations holding slots, globally and per tenant, and only
 //!   operations whose termination is not known (`active`, `unknown`) hold one;
@@ -60,6 +60,8 @@ enum Step {
     Swap {
         deny_all: bool,
     },
+    /// Housekeeping: calls active past `limits.max_call_ms` become `unknown`.
+    Sweep,
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -76,6 +78,7 @@ fn step() -> impl Strategy<Value = Step> {
         2 => (1u8..4).prop_map(|count| Step::Dispatch { count }),
         2 => (0u16..3000).prop_map(|ms| Step::Advance { ms }),
         1 => any::<bool>().prop_map(|deny_all| Step::Swap { deny_all }),
+        1 => Just(Step::Sweep),
     ]
 }
 
@@ -85,6 +88,7 @@ fn config() -> serde_json::Value {
         "tenant_defaults": {"requests": {"capacity": REQUESTS, "refill_per_s": 0},
                             "tokens": {"capacity": TOKENS, "refill_per_s": 0}, "queue_limit": 3},
         "tenants": {"t0": {"concurrency": 2}, "t1": {}},
+        "limits": {"max_call_ms": 4000},
         "policy_params": {"max_attempts": 3, "backoff_base_ms": 50, "backoff_cap_ms": 400}
     })
 }
@@ -211,6 +215,11 @@ fn apply<S: Store>(
             }
         }
         Step::Advance { ms } => model.now_ms += i64::from(*ms),
+        Step::Sweep => {
+            engine
+                .sweep(now)
+                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        }
         Step::Swap { deny_all } => {
             let name = if *deny_all { "deny-all" } else { "standard" };
             engine

@@ -70,6 +70,7 @@ fn fill(store: &mut SqliteStore, tenants: u32, jobs: u64) -> Result<(), StoreErr
                 model: None,
                 priority: Default::default(),
                 reserved_cost_microusd: 0,
+                state_since_ms: Some(0),
             };
             tx.put_operation(&op)?;
             tx.enqueue(&QueuedJob {

@@ -123,6 +123,21 @@ pub enum OpState {
 }
 
 impl OpState {
+    /// The state a wire name names.
+    pub fn from_word(word: &str) -> Option<OpState> {
+        [
+            OpState::Queued,
+            OpState::Active,
+            OpState::Succeeded,
+            OpState::Unknown,
+            OpState::RetryPending,
+            OpState::FailedFinal,
+            OpState::Expired,
+        ]
+        .into_iter()
+        .find(|s| s.as_str() == word)
+    }
+
     /// The state's wire name.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -288,6 +303,10 @@ pub struct Operation {
     /// Micro-dollars the current attempt reserved from the tenant's money budget.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub reserved_cost_microusd: u64,
+    /// When the operation entered its state: abandoned calls and retention are measured
+    /// from it. Records written before it existed are stamped by the first sweep.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state_since_ms: Option<i64>,
 }
 
 fn is_zero(n: &u64) -> bool {

@@ -2,6 +2,8 @@
 //! inspection, and `/metrics`.
 
 use super::*;
+use tollgate::engine::{Page, MOST_PER_PAGE};
+use tollgate::model::OpState;
 
 /// `GET /healthz`: ok while the writer takes jobs; 503 once it has stopped (the process
 /// then exits non-zero, for a supervisor to restart it).
@@ -182,22 +184,69 @@ pub(super) async fn downstream(
     Ok(axum::Json(json!({"ok": true, "available": b.available})).into_response())
 }
 
+/// `?limit=N&after=CURSOR` (and `state=` for `/v1/admin/operations`).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct PageQuery {
+    limit: Option<u32>,
+    after: Option<String>,
+    state: Option<String>,
+}
+
+/// The page a query asks for (at most `MOST_PER_PAGE`, the default), and its state filter.
+fn page_of(
+    query: Result<axum::extract::Query<PageQuery>, axum::extract::rejection::QueryRejection>,
+    with_state: bool,
+) -> Result<(Page, Option<OpState>), Refusal> {
+    let q = query.map_err(|_| refuse(400, "invalid_request"))?.0;
+    let limit = q.limit.unwrap_or(MOST_PER_PAGE);
+    if limit == 0 || limit > MOST_PER_PAGE {
+        return Err(refuse(400, "invalid_request"));
+    }
+    let after = match q.after {
+        Some(c) => Some(Page::parse_cursor(&c).ok_or_else(|| refuse(400, "invalid_request"))?),
+        None => None,
+    };
+    let state = match (q.state, with_state) {
+        (None, _) => None,
+        (Some(word), true) => {
+            Some(OpState::from_word(&word).ok_or_else(|| refuse(400, "invalid_request"))?)
+        }
+        (Some(_), false) => return Err(refuse(400, "invalid_request")),
+    };
+    Ok((Page { after, limit }, state))
+}
+
+/// `GET /v1/admin/inspect[?limit=N&after=CURSOR]`: levels, and one page of operations.
 pub(super) async fn inspect(
     State(s): State<Shared>,
     headers: HeaderMap,
+    query: Result<axum::extract::Query<PageQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, Refusal> {
     admin(&s, &headers)?;
-    let Answer::Inspection(i) = submit(
-        &s,
-        Job::Inspect {
-            now_ms: s.clock.now_ms(),
-        },
-    )
-    .await?
-    else {
+    let (page, _) = page_of(query, false)?;
+    let job = Job::Inspect {
+        now_ms: s.clock.now_ms(),
+        page,
+    };
+    let Answer::Inspection(i) = submit(&s, job).await? else {
         return Err(refuse(500, "internal"));
     };
     Ok(axum::Json(json!(i)).into_response())
+}
+
+/// `GET /v1/admin/operations[?state=S&limit=N&after=CURSOR]`: one page of operations.
+pub(super) async fn operations_list(
+    State(s): State<Shared>,
+    headers: HeaderMap,
+    query: Result<axum::extract::Query<PageQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, Refusal> {
+    admin(&s, &headers)?;
+    let (page, state) = page_of(query, true)?;
+    let Answer::Operations(page) = submit(&s, Job::Operations { state, page }).await? else {
+        return Err(refuse(500, "internal"));
+    };
+    Ok(axum::Json(json!(page)).into_response())
 }
 
 pub(super) async fn metrics(

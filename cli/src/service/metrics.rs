@@ -39,6 +39,12 @@ pub struct Metrics {
     pub shadow: GaugeVec,
     /// Policy `log` lines dropped over the per-call bound.
     pub log_lines_dropped: IntGauge,
+    /// Operations `unknown` now, awaiting reconciliation.
+    pub unknown_operations: IntGauge,
+    /// Calls found abandoned (`active` past `limits.max_call_ms`) and made `unknown`.
+    pub abandoned: prometheus::IntCounter,
+    /// Finished operations deleted for retention.
+    pub retention_deleted: prometheus::IntCounter,
 }
 
 impl Metrics {
@@ -138,8 +144,26 @@ impl Metrics {
             "Policy log lines dropped over the per-call bound",
         )
         .expect("a valid gauge");
+        let unknown_operations = IntGauge::new(
+            "tollgate_operations_unknown",
+            "Operations whose outcome is unknown, awaiting reconciliation (their slots held)",
+        )
+        .expect("a valid gauge");
+        let abandoned = prometheus::IntCounter::new(
+            "tollgate_abandoned_calls_total",
+            "Calls active for longer than limits.max_call_ms, made unknown",
+        )
+        .expect("a valid counter");
+        let retention_deleted = prometheus::IntCounter::new(
+            "tollgate_operations_deleted_total",
+            "Finished operations deleted after retention.operations_days",
+        )
+        .expect("a valid counter");
         for c in [
             Box::new(decisions.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(unknown_operations.clone()),
+            Box::new(abandoned.clone()),
+            Box::new(retention_deleted.clone()),
             Box::new(shadow.clone()),
             Box::new(log_lines_dropped.clone()),
             Box::new(gateway_calls.clone()),
@@ -178,6 +202,9 @@ impl Metrics {
             gateway_tokens,
             shadow,
             log_lines_dropped,
+            unknown_operations,
+            abandoned,
+            retention_deleted,
         }
     }
 

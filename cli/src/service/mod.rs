@@ -140,6 +140,7 @@ pub fn router(state: Shared) -> Router {
         .route("/v1/admin/keys/{id}", axum::routing::delete(key_delete))
         .route("/v1/admin/downstream", post(downstream))
         .route("/v1/admin/inspect", get(inspect))
+        .route("/v1/admin/operations", get(operations_list))
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .fallback(|| async { refuse(404, "not_found") })

@@ -14,8 +14,11 @@ use tollgate::store::AnyStore;
 
 /// The writer thread's name (the HTTP bench finds its CPU time by it).
 pub const WRITER_THREAD: &str = "tollgate-writer";
-/// How often the writer looks for a policy change made through another replica.
+/// How often the writer looks for a policy, tenant or key change made through another
+/// replica.
 const POLICY_SYNC_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
+/// How often the writer sweeps for abandoned calls and expired records (bounded work each).
+const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 /// Most jobs in one transaction.
 pub const MAX_BATCH: usize = 128;
 /// Jobs waiting for the writer before submitters wait for room, at least.
@@ -106,6 +109,7 @@ impl Writer {
             .spawn(move || {
                 let _close = CloseOnExit(&taken);
                 let mut synced = std::time::Instant::now();
+                let mut swept = std::time::Instant::now();
                 while let Some(batch) = taken.take(MAX_BATCH, POLICY_SYNC_EVERY) {
                     if synced.elapsed() >= POLICY_SYNC_EVERY {
                         synced = std::time::Instant::now();
@@ -119,6 +123,10 @@ impl Writer {
                             Ok(false) => {}
                             Err(e) => tracing::warn!(error = %e, "the store's tenants and keys could not be taken up"),
                         }
+                    }
+                    if swept.elapsed() >= SWEEP_EVERY {
+                        swept = std::time::Instant::now();
+                        sweep(&engine, &metrics);
                     }
                     if batch.is_empty() {
                         continue;
@@ -180,6 +188,33 @@ impl Writer {
             .await
             .map_err(|_| Failure::Failed("the writer dropped the job".into()))?
     }
+}
+
+/// One housekeeping sweep, at the store's time when it has a clock of its own.
+fn sweep(engine: &Engine<AnyStore>, metrics: &Metrics) {
+    let now = match engine.store_clock_ms() {
+        Ok(Some(now)) => now,
+        Ok(None) => wall_clock_ms(),
+        Err(_) => return,
+    };
+    match engine.sweep(now) {
+        Ok(s) => {
+            for (tenant, key) in &s.abandoned {
+                tracing::warn!(%tenant, %key, "call abandoned: active past limits.max_call_ms, now unknown until reconciled");
+            }
+            metrics.abandoned.inc_by(s.abandoned.len() as u64);
+            metrics.retention_deleted.inc_by(s.deleted);
+            metrics.unknown_operations.set(s.unknown as i64);
+        }
+        Err(e) => tracing::warn!(error = %e, "housekeeping sweep failed"),
+    }
+}
+
+/// Milliseconds since the Unix epoch.
+fn wall_clock_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
 }
 
 /// Answers a committed batch. Waking a waiting request from outside the runtime costs a

@@ -142,6 +142,13 @@ fn explicit_option<'de, D: serde::Deserializer<'de>>(
 pub(crate) struct LimitsInput {
     pub(crate) max_request_bytes: Option<u64>,
     pub(crate) max_policy_bytes: Option<u64>,
+    pub(crate) max_call_ms: Option<u64>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct RetentionInput {
+    pub(crate) operations_days: Option<f64>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
@@ -162,6 +169,7 @@ pub(crate) struct ConfigInput {
     pub(crate) tenant_defaults: TenantOverlay,
     pub(crate) tenants: BTreeMap<String, TenantOverlay>,
     pub(crate) limits: LimitsInput,
+    pub(crate) retention: RetentionInput,
     pub(crate) scheduler: SchedulerInput,
     pub(crate) policy_params: BTreeMap<String, serde_json::Value>,
     pub(crate) models: Option<BTreeMap<String, ModelConfig>>,
@@ -213,6 +221,11 @@ pub struct Config {
     pub max_request_bytes: u64,
     /// Largest policy component accepted.
     pub max_policy_bytes: u64,
+    /// How long a call may stay `active` before the service calls it abandoned and makes
+    /// it `unknown` (its slot still held, listed for reconciliation).
+    pub max_call_ms: u64,
+    /// How long finished operations are kept (`None`: for ever); their keys are then new.
+    pub retention_ms: Option<u64>,
     /// How dispatch shares claims between tenants.
     pub discipline: Discipline,
     /// Tokens a `drr_tokens` turn adds, times the tenant's weight.
@@ -331,6 +344,19 @@ impl Config {
             tenants,
             max_request_bytes: input.limits.max_request_bytes.unwrap_or(65536),
             max_policy_bytes: input.limits.max_policy_bytes.unwrap_or(16 * 1024 * 1024),
+            max_call_ms: input.limits.max_call_ms.unwrap_or(DEFAULT_MAX_CALL_MS),
+            retention_ms: match input.retention.operations_days {
+                None => Some(DEFAULT_RETENTION_DAYS * DAY_MS),
+                Some(0.0) => None,
+                Some(d) if d.is_finite() && d > 0.0 && d <= 36_500.0 => {
+                    Some((d * DAY_MS as f64).round() as u64)
+                }
+                Some(_) => {
+                    return Err(ConfigError(
+                        "retention.operations_days must be a number of days from 0 (keep for ever) to 36500".into(),
+                    ))
+                }
+            },
             discipline: input.scheduler.discipline.unwrap_or(Discipline::Wrr),
             quantum_tokens: input.scheduler.quantum_tokens.unwrap_or(1000),
             max_claims_per_worker: input.scheduler.max_claims_per_worker.unwrap_or(4),
@@ -392,6 +418,9 @@ impl Config {
                     "{name}: capacity and refill_per_s must be numbers from 0 to 1e12"
                 )));
             }
+        }
+        if self.max_call_ms == 0 {
+            return Err(ConfigError("limits.max_call_ms must be at least 1".into()));
         }
         if self.quantum_tokens == 0 {
             return Err(ConfigError(
@@ -472,6 +501,13 @@ fn overlay(base: &TenantConfig, o: &TenantOverlay) -> TenantConfig {
         cost_microusd: o.cost_microusd.or(base.cost_microusd),
     }
 }
+
+/// `limits.max_call_ms` when not given: ten minutes, longer than any provider lets a
+/// single generation run.
+pub const DEFAULT_MAX_CALL_MS: u64 = 600_000;
+/// `retention.operations_days` when not given.
+pub const DEFAULT_RETENTION_DAYS: u64 = 30;
+const DAY_MS: u64 = 86_400_000;
 
 /// Longest string `policy_params` value, in bytes.
 pub const MAX_STRING_PARAM_BYTES: usize = 4096;

@@ -291,6 +291,7 @@ impl<S: Store> Engine<S> {
             } else {
                 0
             },
+            state_since_ms: Some(now_ms),
         };
         if req.route == Route::Durable {
             tx.enqueue(&QueuedJob {

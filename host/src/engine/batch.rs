@@ -59,10 +59,19 @@ pub enum Job {
         /// Its key.
         key: String,
     },
-    /// Everything `inspect` shows.
+    /// Everything `inspect` shows, with one page of operations.
     Inspect {
         /// The time buckets are read at.
         now_ms: i64,
+        /// Which operations.
+        page: super::Page,
+    },
+    /// One page of operations, in one state when given.
+    Operations {
+        /// Only operations in this state.
+        state: Option<crate::model::OpState>,
+        /// Which page.
+        page: super::Page,
     },
     /// One tenant's request and token buckets (for rate-limit headers).
     TenantLevels {
@@ -97,6 +106,8 @@ pub enum Answer {
     Operation(Option<OperationView>),
     /// The answer to `Inspect` and `Levels`.
     Inspection(Box<Inspection>),
+    /// The answer to `Operations`.
+    Operations(super::OperationsPage),
 }
 
 impl Job {
@@ -112,6 +123,7 @@ impl Job {
             Job::Dispatch { .. }
             | Job::SetDownstream { .. }
             | Job::Inspect { .. }
+            | Job::Operations { .. }
             | Job::Levels { .. } => None,
         }
     }
@@ -124,10 +136,10 @@ impl Job {
             | Job::Complete { now_ms, .. }
             | Job::Reconcile { now_ms, .. }
             | Job::Dispatch { now_ms, .. }
-            | Job::Inspect { now_ms }
+            | Job::Inspect { now_ms, .. }
             | Job::TenantLevels { now_ms, .. }
             | Job::Levels { now_ms } => *now_ms = now,
-            Job::SetDownstream { .. } | Job::Operation { .. } => {}
+            Job::SetDownstream { .. } | Job::Operation { .. } | Job::Operations { .. } => {}
         }
     }
 }
@@ -181,11 +193,14 @@ impl<S: Store> Engine<S> {
                 Job::Operation { tenant, key } => {
                     Answer::Operation(tx.operation(tenant, key)?.as_ref().map(OperationView::of))
                 }
-                Job::Inspect { now_ms } => {
-                    Answer::Inspection(Box::new(self.inspect_in(tx, *now_ms, true)?))
+                Job::Inspect { now_ms, page } => {
+                    Answer::Inspection(Box::new(self.inspect_in(tx, *now_ms, Some(page))?))
+                }
+                Job::Operations { state, page } => {
+                    Answer::Operations(super::housekeeping::page_in(tx, *state, page)?)
                 }
                 Job::Levels { now_ms } => {
-                    Answer::Inspection(Box::new(self.inspect_in(tx, *now_ms, false)?))
+                    Answer::Inspection(Box::new(self.inspect_in(tx, *now_ms, None)?))
                 }
             })
         })

@@ -189,6 +189,7 @@ impl<S: Store> Engine<S> {
         if r.result_ref.is_some() {
             op.result_ref = r.result_ref.clone();
         }
+        op.state_since_ms = Some(now_ms);
         tx.put_operation(&op)?;
         Ok(CompletionAnswer {
             ok: true,
@@ -263,6 +264,7 @@ impl<S: Store> Engine<S> {
                 op.last_retry = Some(verdict);
             }
         }
+        op.state_since_ms = Some(now_ms);
         tx.put_operation(&op)?;
         Ok(CompletionAnswer::done(&op))
     }

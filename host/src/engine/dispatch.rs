@@ -416,6 +416,7 @@ impl<S: Store> Engine<S> {
         op.tokens_reserved = true;
         op.reserved_cost_microusd = cost;
         op.not_before_ms = None;
+        op.state_since_ms = Some(now_ms);
         tx.put_operation(&op)?;
         Ok(Some(Claim {
             tenant: op.tenant.clone(),
@@ -437,6 +438,7 @@ fn expire(tx: &mut dyn Tx, now_ms: i64) -> Result<Vec<JobRef>, StoreError> {
         if let Some(mut op) = tx.operation(&job.tenant, &job.key)? {
             op.state = OpState::Expired;
             op.not_before_ms = None;
+            op.state_since_ms = Some(now_ms);
             tx.put_operation(&op)?;
         }
         expired.push(job_ref(&job.tenant, &job.key));

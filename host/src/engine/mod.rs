@@ -11,6 +11,7 @@ mod budgets;
 mod completion;
 mod directory;
 mod dispatch;
+mod housekeeping;
 mod shadow;
 mod stored_policy;
 mod swap;
@@ -20,6 +21,7 @@ pub use batch::{Answer, Job};
 pub use completion::{Completion, CompletionAnswer, Reconciliation};
 pub use directory::{DirectoryAdopted, DirectoryError, KeyInfo};
 pub use dispatch::{Claim, DispatchAnswer, DispatchReason};
+pub use housekeeping::{OperationsPage, Page, Sweep, MOST_PER_PAGE};
 pub use shadow::{Disagreement, OutcomePair, ShadowReport, RECENT_DISAGREEMENTS};
 pub use stored_policy::Adopted;
 pub use swap::{NoVerifier, PolicyIdentity, SwapError, Verifier};
@@ -73,6 +75,8 @@ pub struct Engine<S: Store> {
     keys: RwLock<Arc<directory::KeyTable>>,
     /// The generation of the store's directory this engine has taken up.
     directory_generation: std::sync::atomic::AtomicI64,
+    /// Where the next housekeeping sweep resumes.
+    sweep_cursor: housekeeping::Cursor,
 }
 
 /// What `inspect` shows (docs/scenarios.md).
@@ -84,8 +88,11 @@ pub struct Inspection {
     pub slots: BTreeMap<String, u32>,
     /// Tenant to queued durable jobs, retries waiting included.
     pub queues: BTreeMap<String, u32>,
-    /// Every operation (empty when asked for levels only).
+    /// The operations of the page asked for, by tenant and key (none for levels only).
     pub operations: Vec<OperationView>,
+    /// The cursor of the next page of operations, when there may be more.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next: Option<String>,
     /// Whether the downstream is marked available.
     pub downstream_available: bool,
     /// The active policy.
@@ -159,6 +166,7 @@ impl<S: Store> Engine<S> {
             policy_generation: std::sync::atomic::AtomicI64::new(-1),
             keys: RwLock::default(),
             directory_generation: std::sync::atomic::AtomicI64::new(-1),
+            sweep_cursor: housekeeping::Cursor::default(),
         }
     }
 
@@ -196,14 +204,14 @@ impl<S: Store> Engine<S> {
 
     /// The state of every budget, slot, queue and operation at `now_ms`.
     pub fn inspect(&self, now_ms: i64) -> Result<Inspection, StoreError> {
-        self.transaction(|tx| self.inspect_in(tx, now_ms, true))
+        self.transaction(|tx| self.inspect_in(tx, now_ms, Some(&Page::all())))
     }
 
     fn inspect_in(
         &self,
         tx: &mut dyn Tx,
         now_ms: i64,
-        with_operations: bool,
+        operations: Option<&Page>,
     ) -> Result<Inspection, StoreError> {
         let policy = PolicyIdentity::of(self.active_policy().as_ref());
         let mut buckets = BTreeMap::new();
@@ -241,10 +249,12 @@ impl<S: Store> Engine<S> {
             }
             queues.insert(name.clone(), tx.queue_depth(name)?);
         }
-        let operations = if with_operations {
-            tx.operations()?.iter().map(OperationView::of).collect()
-        } else {
-            Vec::new()
+        let (operations, next) = match operations {
+            Some(page) => {
+                let page = housekeeping::page_in(tx, None, page)?;
+                (page.operations, page.next)
+            }
+            None => (Vec::new(), None),
         };
         let downstream_available = downstream_available(tx)?;
         Ok(Inspection {
@@ -252,6 +262,7 @@ impl<S: Store> Engine<S> {
             slots,
             queues,
             operations,
+            next,
             downstream_available,
             policy,
         })

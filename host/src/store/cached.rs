@@ -60,6 +60,26 @@ impl Tx for Cached<'_> {
     fn operations(&mut self) -> Result<Vec<Operation>, StoreError> {
         self.inner.operations()
     }
+    fn operations_after(
+        &mut self,
+        after: Option<(&str, &str)>,
+        limit: u32,
+    ) -> Result<Vec<Operation>, StoreError> {
+        self.inner.operations_after(after, limit)
+    }
+    fn unknown_operations_after(
+        &mut self,
+        after: Option<(&str, &str)>,
+        limit: u32,
+    ) -> Result<Vec<Operation>, StoreError> {
+        self.inner.unknown_operations_after(after, limit)
+    }
+    fn delete_operation(&mut self, tenant: &str, key: &str) -> Result<(), StoreError> {
+        self.inner.delete_operation(tenant, key)
+    }
+    fn count_unknown(&mut self) -> Result<u64, StoreError> {
+        self.inner.count_unknown()
+    }
     fn unfinished_claims(&mut self, worker: &str) -> Result<u32, StoreError> {
         self.inner.unfinished_claims(worker)
     }

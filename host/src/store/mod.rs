@@ -203,6 +203,23 @@ pub trait Tx {
     fn put_operation(&mut self, op: &Operation) -> Result<(), StoreError>;
     /// Every operation, ordered by tenant and key (for `inspect`).
     fn operations(&mut self) -> Result<Vec<Operation>, StoreError>;
+    /// Up to `limit` operations after `after` (a tenant and key), ordered by tenant and key.
+    fn operations_after(
+        &mut self,
+        after: Option<(&str, &str)>,
+        limit: u32,
+    ) -> Result<Vec<Operation>, StoreError>;
+    /// As [`Tx::operations_after`], of the `unknown` operations only (a partial index: the
+    /// hot path never writes it, since operations rarely become unknown).
+    fn unknown_operations_after(
+        &mut self,
+        after: Option<(&str, &str)>,
+        limit: u32,
+    ) -> Result<Vec<Operation>, StoreError>;
+    /// Deletes an operation's record (retention).
+    fn delete_operation(&mut self, tenant: &str, key: &str) -> Result<(), StoreError>;
+    /// How many operations are `unknown`.
+    fn count_unknown(&mut self) -> Result<u64, StoreError>;
     /// Claims by `worker` whose outcome is not yet known to be final (`active` or `unknown`).
     fn unfinished_claims(&mut self, worker: &str) -> Result<u32, StoreError>;
 

@@ -33,6 +33,12 @@ const STATEMENTS: &[(&str, &str)] = &[
     ("put_operation", "INSERT INTO operations (tenant, key, state, worker, record) VALUES ($1, $2, $3, $4, $5)
         ON CONFLICT (tenant, key) DO UPDATE SET state = $3, worker = $4, record = $5"),
     ("operations", "SELECT tenant, key, record FROM operations ORDER BY tenant, key"),
+    ("operations_after", "SELECT tenant, key, record FROM operations
+        WHERE (tenant, key) > ($1, $2) ORDER BY tenant, key LIMIT $3"),
+    ("unknown_after", "SELECT tenant, key, record FROM operations
+        WHERE state = 'unknown' AND (tenant, key) > ($1, $2) ORDER BY tenant, key LIMIT $3"),
+    ("delete_operation", "DELETE FROM operations WHERE tenant = $1 AND key = $2"),
+    ("count_unknown", "SELECT COUNT(*) FROM operations WHERE state = 'unknown'"),
     ("unfinished", "SELECT COUNT(*) FROM operations WHERE worker = $1 AND state IN ('active', 'unknown')"),
     ("meta", "SELECT value FROM meta WHERE name = $1"),
     ("set_meta", "INSERT INTO meta (name, value) VALUES ($1, $2) ON CONFLICT (name) DO UPDATE SET value = $2"),
@@ -338,6 +344,28 @@ impl PgTx<'_, '_> {
         Ok(self.tx.query_opt(&self.st[name], params)?)
     }
 
+    /// A page of operations by the statement `name` (after a tenant and key, at most `limit`).
+    fn page(
+        &mut self,
+        name: &str,
+        after: Option<(&str, &str)>,
+        limit: u32,
+    ) -> Result<Vec<Operation>, StoreError> {
+        let (tenant, key) = after.unwrap_or(("", ""));
+        let rows = self
+            .tx
+            .query(&self.st[name], &[&tenant, &key, &i64::from(limit)])?;
+        rows.iter()
+            .map(|r| {
+                Ok(Operation::from_record(
+                    r.get(0),
+                    r.get(1),
+                    r.get::<_, &str>(2),
+                )?)
+            })
+            .collect()
+    }
+
     fn exec(
         &mut self,
         name: &str,
@@ -396,6 +424,27 @@ impl Tx for PgTx<'_, '_> {
                 )?)
             })
             .collect()
+    }
+    fn operations_after(
+        &mut self,
+        after: Option<(&str, &str)>,
+        limit: u32,
+    ) -> Result<Vec<Operation>, StoreError> {
+        self.page("operations_after", after, limit)
+    }
+    fn unknown_operations_after(
+        &mut self,
+        after: Option<(&str, &str)>,
+        limit: u32,
+    ) -> Result<Vec<Operation>, StoreError> {
+        self.page("unknown_after", after, limit)
+    }
+    fn delete_operation(&mut self, tenant: &str, key: &str) -> Result<(), StoreError> {
+        self.exec("delete_operation", &[&tenant, &key]).map(drop)
+    }
+    fn count_unknown(&mut self) -> Result<u64, StoreError> {
+        let row = self.opt("count_unknown", &[])?;
+        Ok(row.map_or(0, |r| r.get::<_, i64>(0)) as u64)
     }
     fn unfinished_claims(&mut self, worker: &str) -> Result<u32, StoreError> {
         Ok(self

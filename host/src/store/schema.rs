@@ -52,6 +52,7 @@ CREATE INDEX IF NOT EXISTS queue_by_expiry ON queue (expire_at_ms);
 CREATE TABLE IF NOT EXISTS tenant_queues (
     tenant TEXT PRIMARY KEY, depth BIGINT NOT NULL, deficit BIGINT NOT NULL);
 CREATE INDEX IF NOT EXISTS tenant_queues_backlogged ON tenant_queues (tenant) WHERE depth > 0;
+CREATE INDEX IF NOT EXISTS operations_unknown ON operations (tenant, key) WHERE state = 'unknown';
 CREATE TABLE IF NOT EXISTS policies (digest TEXT PRIMARY KEY, bytes {blob} NOT NULL);
 CREATE TABLE IF NOT EXISTS tenants (name TEXT PRIMARY KEY, written TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS api_keys (

@@ -23,6 +23,32 @@ fn job_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<QueuedJob> {
     })
 }
 
+impl SqliteTx<'_> {
+    /// A page of operations by `sql` (after a tenant and key, at most `limit`).
+    fn page(
+        &mut self,
+        sql: &str,
+        after: Option<(&str, &str)>,
+        limit: u32,
+    ) -> Result<Vec<Operation>, StoreError> {
+        let (tenant, key) = after.unwrap_or(("", ""));
+        let mut st = self.tx.prepare_cached(sql)?;
+        let rows = st.query_map(params![tenant, key, limit], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, String>(2)?,
+            ))
+        })?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (tenant, key, record) = row?;
+            out.push(Operation::from_record(tenant, key, &record)?);
+        }
+        Ok(out)
+    }
+}
+
 impl Tx for SqliteTx<'_> {
     fn bucket(&mut self, name: &str) -> Result<Option<bucket::State>, StoreError> {
         if let Some(s) = self.rows.bucket(name) {
@@ -94,6 +120,46 @@ impl Tx for SqliteTx<'_> {
             record
         ])?;
         Ok(())
+    }
+
+    fn operations_after(
+        &mut self,
+        after: Option<(&str, &str)>,
+        limit: u32,
+    ) -> Result<Vec<Operation>, StoreError> {
+        self.page(
+            "SELECT tenant, key, record FROM operations WHERE (tenant, key) > (?1, ?2)
+             ORDER BY tenant, key LIMIT ?3",
+            after,
+            limit,
+        )
+    }
+
+    fn unknown_operations_after(
+        &mut self,
+        after: Option<(&str, &str)>,
+        limit: u32,
+    ) -> Result<Vec<Operation>, StoreError> {
+        self.page(
+            "SELECT tenant, key, record FROM operations
+             WHERE state = 'unknown' AND (tenant, key) > (?1, ?2) ORDER BY tenant, key LIMIT ?3",
+            after,
+            limit,
+        )
+    }
+
+    fn delete_operation(&mut self, tenant: &str, key: &str) -> Result<(), StoreError> {
+        self.tx
+            .prepare_cached("DELETE FROM operations WHERE tenant = ?1 AND key = ?2")?
+            .execute([tenant, key])?;
+        Ok(())
+    }
+
+    fn count_unknown(&mut self) -> Result<u64, StoreError> {
+        let mut st = self
+            .tx
+            .prepare_cached("SELECT COUNT(*) FROM operations WHERE state = 'unknown'")?;
+        Ok(st.query_row([], |r| r.get::<_, i64>(0))? as u64)
     }
 
     fn operations(&mut self) -> Result<Vec<Operation>, StoreError> {
