@@ -196,7 +196,7 @@ fn tenants_and_keys_are_made_at_run_time_and_kept_across_restarts() {
             continue;
         }
         let bytes = std::fs::read(&path).unwrap();
-        for secret in [key.as_str(), CALLER, ADMIN] {
+        for secret in [key.as_str(), CALLER, ADMIN, WORKER] {
             assert!(
                 !bytes.windows(secret.len()).any(|w| w == secret.as_bytes()),
                 "{secret} found in {}",
@@ -268,4 +268,66 @@ fn tenants_and_keys_are_made_at_run_time_and_kept_across_restarts() {
         (409, Some("last_admin_key"))
     );
     assert!(s.stop().success());
+}
+
+/// A worker given as a bare key is named after the key's hash, never the key; claims an
+/// earlier release recorded under the key itself are renamed when the directory is seeded,
+/// so the worker still completes them.
+#[test]
+fn a_bare_key_worker_keeps_its_claims_from_an_earlier_release_under_a_name_that_is_not_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("state.db");
+    let now = now_ms();
+    {
+        // As an earlier release left it: a job claimed by the worker named by its key.
+        let store = tollgate::store::SqliteStore::open(&db).unwrap();
+        let mut engine_config = config();
+        engine_config.as_object_mut().unwrap().remove("auth");
+        let engine = common::engine_on(engine_config, store, "standard");
+        let d = engine
+            .admit(
+                &common::request("acme", "job-1", "durable", 10, now + 600_000),
+                now,
+            )
+            .unwrap();
+        assert_eq!(d.outcome, tollgate::reason::Outcome::Queued, "{d:?}");
+        let claimed = engine.dispatch(WORKER, 1, now).unwrap();
+        assert_eq!(claimed.claimed.len(), 1);
+    }
+    let s = Server::start(dir.path(), &config());
+    let (status, _, answer) = s.call(
+        "POST",
+        "/v1/operations/job-1/complete",
+        Some(WORKER),
+        Some(r#"{"tenant": "acme", "result": "succeeded"}"#),
+    );
+    assert_eq!(status, 200, "{answer}");
+    let (_, keys) = send(&s, "GET", "/v1/admin/keys", ADMIN, None);
+    let worker = keys["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|k| k["role"] == "worker")
+        .unwrap()
+        .clone();
+    let name = worker["name"].as_str().unwrap();
+    assert!(name.starts_with("worker-") && name != WORKER, "{worker}");
+    assert!(s.stop().success());
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    let holding: i64 = conn
+        .query_row(
+            "SELECT COUNT(*) FROM operations WHERE worker = ?1 OR record LIKE '%' || ?1 || '%'",
+            [WORKER],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(holding, 0, "the worker's key is still in the operations");
+    let named: i64 = conn
+        .query_row(
+            "SELECT COUNT(*) FROM operations WHERE worker = ?1",
+            [name],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(named, 1);
 }

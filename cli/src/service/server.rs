@@ -63,7 +63,7 @@ pub fn build_with(
     }
     // So is its directory: tenants and keys added at run time are kept and shared.
     match engine
-        .adopt_directory(&config.keys)
+        .adopt_directory(&config.keys, &config.worker_renames)
         .map_err(|e| format!("the store's tenants and keys: {e}"))?
     {
         DirectoryAdopted::Seeded => tracing::info!(

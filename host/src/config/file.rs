@@ -62,6 +62,19 @@ pub struct ConfigFile {
     pub max_connections: usize,
     /// The OpenAI-compatible gateway, when configured.
     pub gateway: Option<super::GatewayConfig>,
+    /// Workers given as bare keys: each key and the name it now has. Earlier releases named
+    /// such a worker by its key, so claims recorded then are renamed when the store's
+    /// directory is seeded (a key is never kept in clear).
+    pub worker_renames: Vec<(String, String)>,
+}
+
+/// The name of a worker given as a bare key: derived from the key's hash, so that the key
+/// itself is never stored, logged or shown.
+pub fn bare_worker_name(key: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(key.as_bytes());
+    let hex: String = digest[..6].iter().map(|b| format!("{b:02x}")).collect();
+    format!("worker-{hex}")
 }
 
 /// `limits.max_connections` when the configuration leaves it out: under the common default
@@ -137,10 +150,13 @@ impl ConfigFile {
             }
             add(key, Role::Caller { tenant })?;
         }
+        let mut worker_renames = Vec::new();
         match auth.workers {
             WorkersInput::List(list) => {
                 for key in list {
-                    add(key.clone(), Role::Worker { name: key })?;
+                    let name = bare_worker_name(&key);
+                    worker_renames.push((key.clone(), name.clone()));
+                    add(key, Role::Worker { name })?;
                 }
             }
             WorkersInput::Map(map) => {
@@ -158,6 +174,7 @@ impl ConfigFile {
             policy,
             max_connections,
             gateway,
+            worker_renames,
         })
     }
 }

@@ -216,6 +216,7 @@ impl<S: Store> Engine<S> {
     pub fn adopt_directory(
         &self,
         keys: &HashMap<String, Role>,
+        worker_renames: &[(String, String)],
     ) -> Result<DirectoryAdopted, DirectoryError> {
         let configured = self.config().written_tenants();
         let seeded = self.transaction(|tx| {
@@ -227,6 +228,10 @@ impl<S: Store> Engine<S> {
             }
             for (key, role) in keys {
                 tx.put_api_key(&new_key_record(key, role)?)?;
+            }
+            // Claims an earlier release recorded under a bare key take the worker's name.
+            for (key, name) in worker_renames {
+                tx.rename_worker(key, name)?;
             }
             tx.set_meta(SEEDED, "1")?;
             bump(tx)?;

@@ -74,6 +74,9 @@ impl Tx for Cached<'_> {
     ) -> Result<Vec<Operation>, StoreError> {
         self.inner.unknown_operations_after(after, limit)
     }
+    fn rename_worker(&mut self, from: &str, to: &str) -> Result<u64, StoreError> {
+        self.inner.rename_worker(from, to)
+    }
     fn delete_operation(&mut self, tenant: &str, key: &str) -> Result<(), StoreError> {
         self.inner.delete_operation(tenant, key)
     }

@@ -216,6 +216,8 @@ pub trait Tx {
         after: Option<(&str, &str)>,
         limit: u32,
     ) -> Result<Vec<Operation>, StoreError>;
+    /// Gives the claims recorded under worker name `from` the name `to`; how many.
+    fn rename_worker(&mut self, from: &str, to: &str) -> Result<u64, StoreError>;
     /// Deletes an operation's record (retention).
     fn delete_operation(&mut self, tenant: &str, key: &str) -> Result<(), StoreError>;
     /// How many operations are `unknown`.

@@ -38,6 +38,8 @@ const STATEMENTS: &[(&str, &str)] = &[
     ("unknown_after", "SELECT tenant, key, record FROM operations
         WHERE state = 'unknown' AND (tenant, key) > ($1, $2) ORDER BY tenant, key LIMIT $3"),
     ("delete_operation", "DELETE FROM operations WHERE tenant = $1 AND key = $2"),
+    ("rename_worker", "UPDATE operations SET worker = $2,
+        record = jsonb_set(record::jsonb, '{worker}', to_jsonb($2::text))::text WHERE worker = $1"),
     ("count_unknown", "SELECT COUNT(*) FROM operations WHERE state = 'unknown'"),
     ("unfinished", "SELECT COUNT(*) FROM operations WHERE worker = $1 AND state IN ('active', 'unknown')"),
     ("meta", "SELECT value FROM meta WHERE name = $1"),
@@ -438,6 +440,9 @@ impl Tx for PgTx<'_, '_> {
         limit: u32,
     ) -> Result<Vec<Operation>, StoreError> {
         self.page("unknown_after", after, limit)
+    }
+    fn rename_worker(&mut self, from: &str, to: &str) -> Result<u64, StoreError> {
+        self.exec("rename_worker", &[&from, &to])
     }
     fn delete_operation(&mut self, tenant: &str, key: &str) -> Result<(), StoreError> {
         self.exec("delete_operation", &[&tenant, &key]).map(drop)

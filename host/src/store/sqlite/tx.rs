@@ -148,6 +148,17 @@ impl Tx for SqliteTx<'_> {
         )
     }
 
+    fn rename_worker(&mut self, from: &str, to: &str) -> Result<u64, StoreError> {
+        let n = self
+            .tx
+            .prepare_cached(
+                "UPDATE operations SET worker = ?2, record = json_set(record, '$.worker', ?2)
+                 WHERE worker = ?1",
+            )?
+            .execute([from, to])?;
+        Ok(n as u64)
+    }
+
     fn delete_operation(&mut self, tenant: &str, key: &str) -> Result<(), StoreError> {
         self.tx
             .prepare_cached("DELETE FROM operations WHERE tenant = ?1 AND key = ?2")?
