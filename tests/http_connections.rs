@@ -89,6 +89,22 @@ fn a_client_still_sending_a_refused_body_sees_the_answer() {
     assert!(s.stop().success());
 }
 
+/// `n` connections that have each sent a request and read its answer, kept open.
+fn served_connections(addr: &str, n: usize) -> Vec<TcpStream> {
+    (0..n)
+        .map(|_| {
+            let mut c = TcpStream::connect(addr).unwrap();
+            c.write_all(b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
+                .unwrap();
+            c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            let mut answer = [0u8; 256];
+            let n = std::io::Read::read(&mut c, &mut answer).unwrap();
+            assert!(answer[..n].starts_with(b"HTTP/1.1 200"));
+            c
+        })
+        .collect()
+}
+
 #[test]
 fn connections_past_the_bound_wait_for_a_free_place() {
     let dir = tempfile::tempdir().unwrap();
@@ -96,8 +112,9 @@ fn connections_past_the_bound_wait_for_a_free_place() {
     config["limits"]["max_connections"] = json!(4);
     let s = Server::start(dir.path(), &config);
     let addr = s.base.trim_start_matches("http://").to_string();
-    let held = idle_connections(&addr, 4);
-    // A fifth connection is not served while the four are open...
+    // Four connections that have sent a request are not shed...
+    let held = served_connections(&addr, 4);
+    // ...so a fifth connection is not served while they are open...
     let waiting = ureq::AgentBuilder::new()
         .timeout(Duration::from_millis(500))
         .build()
@@ -113,6 +130,72 @@ fn connections_past_the_bound_wait_for_a_free_place() {
             .map(|v| v.parse::<i64>().unwrap())
     });
     assert!(matches!(open, Some(1..=4)), "{open:?}");
+    assert!(s.stop().success());
+}
+
+/// Slow clients: every place taken by a connection that sent half a request head and
+/// stopped. The oldest of them are shed, so an admission is served at once.
+#[test]
+fn connections_with_half_a_head_are_shed_for_a_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config();
+    config["limits"]["max_connections"] = json!(50);
+    let s = Server::start(dir.path(), &config);
+    let addr = s.base.trim_start_matches("http://").to_string();
+    let mut slow: Vec<TcpStream> = (0..60)
+        .map(|_| {
+            let mut c = TcpStream::connect(&addr).unwrap();
+            c.write_all(b"POST /v1/admit HTTP/1.1\r\nHost: t\r\nX-Slow: ")
+                .unwrap();
+            c
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let started = Instant::now();
+    let (status, _, answer) = s.admit(CALLER, request("through", "interactive", 5));
+    assert_eq!(status, 200, "{answer}");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "the admission waited {:?} behind slow clients",
+        started.elapsed()
+    );
+    // Shed ones were closed by the server: they read the end of the stream.
+    let mut closed = 0;
+    for c in &mut slow {
+        c.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+        if matches!(std::io::Read::read(c, &mut [0u8; 16]), Ok(0)) {
+            closed += 1;
+        }
+    }
+    assert!(closed > 0);
+    assert!(s.stop().success());
+}
+
+/// One address may hold `limits.max_connections_per_address`: a connection past that is
+/// closed at once, the others stay served.
+#[test]
+fn one_address_holds_at_most_its_share_of_connections() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config();
+    config["limits"]["max_connections_per_address"] = json!(3);
+    let s = Server::start(dir.path(), &config);
+    let addr = s.base.trim_start_matches("http://").to_string();
+    let held = served_connections(&addr, 3);
+    let mut extra = TcpStream::connect(&addr).unwrap();
+    extra
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let _ = extra.write_all(b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n");
+    let mut buf = [0u8; 64];
+    let read = std::io::Read::read(&mut extra, &mut buf);
+    assert!(
+        matches!(read, Ok(0) | Err(_)),
+        "a fourth connection from one address was served: {:?}",
+        read.map(|n| String::from_utf8_lossy(&buf[..n]).into_owned())
+    );
+    drop(held);
+    let (status, _, _) = s.call("GET", "/healthz", None, None);
+    assert_eq!(status, 200);
     assert!(s.stop().success());
 }
 

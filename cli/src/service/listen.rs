@@ -1,81 +1,185 @@
-//! Accepting connections. At most `limits.max_connections` are open at once: past that the
-//! server stops accepting, and new connections wait in the kernel's backlog until one
-//! closes. A listener error that is not about one connection (no file descriptor left,
-//! say) pauses accepting for a moment: retrying at once would find the same error, spin a
-//! core and fill the log, which is exactly what a client holding many connections wants.
+//! Accepting connections. At most `limits.max_connections` are open at once, and at most
+//! `limits.max_connections_per_address` from one client address. At either bound, the
+//! oldest connection (of that address, for its bound) that has not yet finished sending a
+//! request head is shed to make room: a client holding connections open with half a head
+//! each cannot keep everyone else out. When every connection has sent one, a new connection
+//! waits until a place is free, or is closed at once past its address's bound. A listener error that is not about one
+//! connection (no file descriptor left, say) pauses accepting for a moment: retrying at once
+//! would find the same error, spin a core and fill the log, which is exactly what a client
+//! holding many connections wants.
 
 use prometheus::IntGauge;
+use std::collections::HashMap;
 use std::io;
-use std::sync::Arc;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 /// How long accepting pauses after a listener error that is not about one connection.
 const PAUSE_AFTER_ERROR: Duration = Duration::from_millis(100);
 /// Listener errors are logged at most this often (with how many there were since).
 const REPORT_EVERY: Duration = Duration::from_secs(1);
 
-/// The listener with its connection bound.
+/// The listener with its connection bounds.
 pub struct Acceptor {
     listener: TcpListener,
     places: Arc<Semaphore>,
     open: IntGauge,
     errors: ErrorReport,
+    per_address: usize,
+    registry: Arc<Mutex<Registry>>,
+    next_id: u64,
+}
+
+/// The open connections: per address how many, and each one's state for shedding.
+#[derive(Default)]
+struct Registry {
+    by_address: HashMap<IpAddr, usize>,
+    connections: HashMap<u64, Tracked>,
+}
+
+struct Tracked {
+    address: IpAddr,
+    accepted: Instant,
+    head_seen: Arc<AtomicBool>,
+    shed: Arc<Notify>,
+}
+
+impl Registry {
+    /// Asks the oldest connection (from `address`, when given) that has not finished a
+    /// request head to close; whether there was one.
+    fn shed_oldest_headless(&mut self, address: Option<IpAddr>) -> bool {
+        let oldest = self
+            .connections
+            .values()
+            .filter(|c| address.is_none_or(|a| c.address == a))
+            .filter(|c| !c.head_seen.load(Ordering::Relaxed))
+            .min_by_key(|c| c.accepted);
+        match oldest {
+            Some(c) => {
+                // Marked so that it is not chosen again while it closes.
+                c.head_seen.store(true, Ordering::Relaxed);
+                c.shed.notify_one();
+                true
+            }
+            None => false,
+        }
+    }
 }
 
 /// Held by a connection's task: its place is free again when the connection ends.
 pub struct Place {
     _permit: OwnedSemaphorePermit,
     open: IntGauge,
+    id: u64,
+    address: IpAddr,
+    registry: Arc<Mutex<Registry>>,
+    /// Set once the connection has sent a whole request head.
+    pub head_seen: Arc<AtomicBool>,
+    /// Notified when the connection is shed: its task drops it.
+    pub shed: Arc<Notify>,
 }
 
 impl Drop for Place {
     fn drop(&mut self) {
         self.open.dec();
+        let mut registry = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+        registry.connections.remove(&self.id);
+        if let Some(n) = registry.by_address.get_mut(&self.address) {
+            *n -= 1;
+            if *n == 0 {
+                registry.by_address.remove(&self.address);
+            }
+        }
     }
 }
 
 impl Acceptor {
     /// `open` counts the connections open (the `tollgate_http_connections` gauge).
-    pub fn new(listener: TcpListener, max_connections: usize, open: IntGauge) -> Self {
+    pub fn new(
+        listener: TcpListener,
+        max_connections: usize,
+        per_address: usize,
+        open: IntGauge,
+    ) -> Self {
         Acceptor {
             listener,
             places: Arc::new(Semaphore::new(max_connections.max(1))),
             open,
             errors: ErrorReport::default(),
+            per_address: per_address.max(1),
+            registry: Arc::default(),
+            next_id: 0,
         }
     }
 
-    /// The next connection, once fewer than the maximum are open. Cancel-safe: dropping the
-    /// future loses no connection and holds no place.
+    /// The next connection, once there is a place for it (shedding a connection that has
+    /// not sent a request head when there is none). Dropping the future drops at most the
+    /// one connection it accepted.
     pub async fn accept(&mut self) -> (TcpStream, Place) {
-        let permit = self
-            .places
-            .clone()
-            .acquire_owned()
-            .await
-            .expect("the semaphore is never closed");
         loop {
-            match self.listener.accept().await {
-                Ok((stream, _)) => {
-                    self.open.inc();
-                    let open = self.open.clone();
-                    return (
-                        stream,
-                        Place {
-                            _permit: permit,
-                            open,
-                        },
-                    );
-                }
+            let (stream, address) = match self.listener.accept().await {
+                Ok((stream, peer)) => (stream, peer.ip()),
                 Err(e) => {
                     self.errors.note(&e, Instant::now());
                     if !about_one_connection(&e) {
                         tokio::time::sleep(PAUSE_AFTER_ERROR).await;
                     }
+                    continue;
+                }
+            };
+            {
+                let mut registry = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+                let held = registry.by_address.get(&address).copied().unwrap_or(0);
+                if held >= self.per_address && !registry.shed_oldest_headless(Some(address)) {
+                    // Closed at once: that address holds all it may, each with a request.
+                    continue;
                 }
             }
+            let permit = match self.places.clone().try_acquire_owned() {
+                Ok(p) => p,
+                Err(_) => {
+                    self.registry
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .shed_oldest_headless(None);
+                    self.places
+                        .clone()
+                        .acquire_owned()
+                        .await
+                        .expect("the semaphore is never closed")
+                }
+            };
+            self.open.inc();
+            self.next_id += 1;
+            let head_seen = Arc::new(AtomicBool::new(false));
+            let shed = Arc::new(Notify::new());
+            {
+                let mut registry = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+                *registry.by_address.entry(address).or_default() += 1;
+                registry.connections.insert(
+                    self.next_id,
+                    Tracked {
+                        address,
+                        accepted: Instant::now(),
+                        head_seen: head_seen.clone(),
+                        shed: shed.clone(),
+                    },
+                );
+            }
+            let place = Place {
+                _permit: permit,
+                open: self.open.clone(),
+                id: self.next_id,
+                address,
+                registry: self.registry.clone(),
+                head_seen,
+                shed,
+            };
+            return (stream, place);
         }
     }
 }
@@ -146,7 +250,7 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let open = IntGauge::new("open", "open").unwrap();
-        let mut acceptor = Acceptor::new(listener, 1, open.clone());
+        let mut acceptor = Acceptor::new(listener, 1, 2, open.clone());
         let _a = TcpStream::connect(addr).await.unwrap();
         let _b = TcpStream::connect(addr).await.unwrap();
         let (_first, place) = acceptor.accept().await;

@@ -96,6 +96,8 @@ pub struct AppState {
     pub verifier: Arc<ScenarioVerifier>,
     /// Connections served at once (see `listen`).
     pub max_connections: usize,
+    /// Connections one client address may hold.
+    pub max_connections_per_address: usize,
     /// The last `/metrics` text and when it was made (see [`METRICS_FRESH_FOR`]); held
     /// while one request makes it, so that the others wait for it instead of each making
     /// their own.

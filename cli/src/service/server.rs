@@ -86,6 +86,7 @@ pub fn build_with(
         clock: Clock::default(),
         verifier: Arc::new(verifier),
         max_connections: config.max_connections,
+        max_connections_per_address: config.max_connections_per_address,
         metrics_text: tokio::sync::Mutex::new(None),
     });
     set_policy_gauge(&state.engine, &state.metrics);
@@ -107,6 +108,7 @@ pub async fn serve(
     let mut acceptor = listen::Acceptor::new(
         listener,
         state.max_connections,
+        state.max_connections_per_address,
         state.metrics.connections.clone(),
     );
     let mut writer_check = tokio::time::interval(Duration::from_millis(200));
@@ -122,15 +124,25 @@ pub async fn serve(
             }
             (stream, place) = acceptor.accept() => {
                 let _ = stream.set_nodelay(true);
-                let service = hyper_util::service::TowerToHyperService::new(app.clone());
+                let tower = hyper_util::service::TowerToHyperService::new(app.clone());
+                // A whole request head arrived: this connection is no longer sheddable.
+                let head_seen = place.head_seen.clone();
+                let service = hyper::service::service_fn(move |req| {
+                    head_seen.store(true, std::sync::atomic::Ordering::Relaxed);
+                    hyper::service::Service::call(&tower, req)
+                });
                 let conn = hyper::server::conn::http1::Builder::new()
                     .timer(TokioTimer::new())
                     .header_read_timeout(HEADER_TIMEOUT)
                     .max_header_size(MAX_HEAD_BYTES)
                     .serve_connection(TokioIo::new(stream), service);
                 let conn = graceful.watch(conn);
+                let shed = place.shed.clone();
                 tokio::spawn(async move {
-                    let _ = conn.await;
+                    tokio::select! {
+                        _ = conn => {}
+                        _ = shed.notified() => {}
+                    }
                     drop(place);
                 });
             }

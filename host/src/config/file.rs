@@ -60,6 +60,9 @@ pub struct ConfigFile {
     pub policy: String,
     /// Connections served at once (`limits.max_connections`).
     pub max_connections: usize,
+    /// Connections one client address may hold (`limits.max_connections_per_address`;
+    /// by default `max_connections`, since a sidecar's callers all share one address).
+    pub max_connections_per_address: usize,
     /// The OpenAI-compatible gateway, when configured.
     pub gateway: Option<super::GatewayConfig>,
     /// Workers given as bare keys: each key and the name it now has. Earlier releases named
@@ -109,7 +112,10 @@ impl ConfigFile {
                 return Err("policy must be a string (a built-in name or a .wasm path)".into())
             }
         };
-        let max_connections = take_max_connections(&mut obj)?;
+        let max_connections =
+            take_connections(&mut obj, "max_connections", DEFAULT_MAX_CONNECTIONS)?;
+        let max_connections_per_address =
+            take_connections(&mut obj, "max_connections_per_address", max_connections)?;
         let gateway = match obj.remove("gateway") {
             Some(g) => Some(super::GatewayConfig::from_json(g)?),
             None => None,
@@ -173,26 +179,29 @@ impl ConfigFile {
             keys,
             policy,
             max_connections,
+            max_connections_per_address,
             gateway,
             worker_renames,
         })
     }
 }
 
-/// Takes `limits.max_connections` out of the configuration: it belongs to the server, and
-/// the engine's configuration (shared with scenario files) would refuse it as unknown.
-fn take_max_connections(
+/// Takes `limits.<field>` (a connection count) out of the configuration: it belongs to the
+/// server, and the engine's configuration (shared with scenario files) would refuse it.
+fn take_connections(
     obj: &mut serde_json::Map<String, serde_json::Value>,
+    field: &str,
+    default: usize,
 ) -> Result<usize, String> {
     let Some(limits) = obj.get_mut("limits").and_then(|l| l.as_object_mut()) else {
-        return Ok(DEFAULT_MAX_CONNECTIONS);
+        return Ok(default);
     };
-    match limits.remove("max_connections") {
-        None => Ok(DEFAULT_MAX_CONNECTIONS),
+    match limits.remove(field) {
+        None => Ok(default),
         Some(v) => match v.as_u64() {
             Some(n @ 1..=MOST_CONNECTIONS) => Ok(n as usize),
             _ => Err(format!(
-                "limits.max_connections must be an integer from 1 to {MOST_CONNECTIONS}, not {v}"
+                "limits.{field} must be an integer from 1 to {MOST_CONNECTIONS}, not {v}"
             )),
         },
     }
