@@ -446,3 +446,35 @@ fn slow_bodies_are_cut_off_and_spend_nothing() {
     assert_eq!(inspect["buckets"]["tenant.acme.requests"], 100);
     assert!(s.stop().success());
 }
+
+/// `--metrics-listen`: every series, per-tenant ones included, without a key on the
+/// operators' address; the public `/metrics` keeps to totals.
+#[test]
+fn a_metrics_address_serves_every_series_without_a_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let metrics_at = format!("127.0.0.1:{port}");
+    let s = Server::start_with(dir.path(), &config(), &["--metrics-listen", &metrics_at]);
+    let (status, _, _) = s.admit(CALLER, request("m1", "interactive", 5));
+    assert_eq!(status, 200);
+    let series = "tollgate_bucket_credits{bucket=\"tenant.acme.requests\"}";
+    let (_, _, public) = s.call("GET", "/metrics", None, None);
+    assert!(!public.as_str().unwrap().contains(series));
+    let private = ureq::get(&format!("http://{metrics_at}/metrics"))
+        .call()
+        .unwrap()
+        .into_string()
+        .unwrap();
+    assert!(private.contains(series), "{private}");
+    assert!(ureq::get(&format!("http://{metrics_at}/v1/admin/inspect"))
+        .call()
+        .is_err());
+    assert!(
+        s.stop().success(),
+        "the metrics listener does not hold the shutdown"
+    );
+}

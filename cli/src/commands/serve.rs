@@ -24,6 +24,10 @@ pub struct ServeArgs {
     /// Scenario files or folders every candidate policy must pass before activation.
     #[arg(long)]
     verify_with: Vec<PathBuf>,
+    /// Also serve `/metrics` with every series, per-tenant ones included, on this address
+    /// without a key (for a scraper on a private network).
+    #[arg(long)]
+    metrics_listen: Option<String>,
 }
 
 pub fn run(args: ServeArgs) -> Result<ExitCode, String> {
@@ -34,6 +38,7 @@ pub fn run(args: ServeArgs) -> Result<ExitCode, String> {
         json_logs,
         watch_policy,
         verify_with,
+        metrics_listen,
     } = args;
     use std::io::IsTerminal;
     let filter =
@@ -72,7 +77,17 @@ pub fn run(args: ServeArgs) -> Result<ExitCode, String> {
             let _ = tokio::task::spawn_blocking(move || handle.join()).await;
         }
     };
+    let metrics_router = tollgate_cli::service::metrics_router(&state);
     runtime.block_on(async move {
+        if let Some(address) = metrics_listen {
+            let listener = tokio::net::TcpListener::bind(&address).await.map_err(|e| format!("{address}: {e}"))?;
+            tracing::info!(listen = %listener.local_addr().map_err(|e| e.to_string())?, "serving metrics");
+            tokio::spawn(async move {
+                if let Err(e) = axum::serve(listener, metrics_router).await {
+                    tracing::error!(error = %e, "the metrics listener failed");
+                }
+            });
+        }
         let listener = tokio::net::TcpListener::bind(&listen).await.map_err(|e| format!("{listen}: {e}"))?;
         tracing::info!(listen = %listener.local_addr().map_err(|e| e.to_string())?, db = %db, "serving");
         tollgate_cli::service::serve(listener, state, writer, shutdown).await.map_err(|e| e.to_string())

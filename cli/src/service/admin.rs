@@ -258,10 +258,26 @@ pub(super) async fn metrics(
     if per_tenant {
         admin(&s, &headers)?;
     }
+    metrics_answer(&s, per_tenant).await
+}
+
+/// `GET /metrics` on the `--metrics-listen` address: every series, no key (the address is
+/// the operators'). It holds the service weakly, so that it never delays a shutdown.
+pub(super) async fn private_metrics(
+    State(s): State<std::sync::Weak<AppState>>,
+) -> Result<Response, Refusal> {
+    let Some(s) = s.upgrade() else {
+        return Err(refuse(503, "stopping"));
+    };
+    metrics_answer(&s, true).await
+}
+
+/// The metrics text, per-tenant series included when `per_tenant`.
+async fn metrics_answer(s: &AppState, per_tenant: bool) -> Result<Response, Refusal> {
     let mut last = s.metrics_text.lock().await;
     let fresh = matches!(&*last, Some((made, _)) if made.elapsed() < METRICS_FRESH_FOR);
     if !fresh {
-        refresh_levels(&s).await?;
+        refresh_levels(s).await?;
         let text = Bytes::from(s.metrics.render(false));
         *last = Some((std::time::Instant::now(), text));
     }

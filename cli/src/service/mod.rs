@@ -114,6 +114,14 @@ pub const METRICS_FRESH_FOR: Duration = Duration::from_secs(1);
 /// The state every handler shares.
 pub type Shared = Arc<AppState>;
 
+/// The router of the `--metrics-listen` address: `/metrics` with every series, no key.
+pub fn metrics_router(state: &Shared) -> Router {
+    Router::new()
+        .route("/metrics", get(private_metrics))
+        .fallback(|| async { refuse(404, "not_found") })
+        .with_state(Arc::downgrade(state))
+}
+
 /// The router of every endpoint.
 pub fn router(state: Shared) -> Router {
     let routes = Router::new();
