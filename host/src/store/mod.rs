@@ -5,10 +5,9 @@
 //! [`Store::transaction`]: it reads rows, decides, and writes rows; the store makes that
 //! all-or-nothing.
 
-mod cached;
-use cached::Cached;
 pub mod postgres;
 mod postgres_tls;
+mod row_cache;
 mod schema;
 pub mod sqlite;
 

@@ -4,9 +4,10 @@
 //! serialization failure to retry, nothing a caller could see as a wrong answer). The
 //! database's clock is the one clock for refill and deadlines.
 
+use super::row_cache::RowCache;
 use super::{
-    schema, together_then_apart, BatchAttempt, Cached, Isolation, QueuedJob, Store, StoreError,
-    StoredKey, Tx,
+    schema, together_then_apart, BatchAttempt, Isolation, QueuedJob, Store, StoreError, StoredKey,
+    Tx,
 };
 use crate::bucket;
 use crate::model::{Operation, Priority};
@@ -24,11 +25,13 @@ const ENGINE_LOCK: i64 = 0x746f_6c6c_6761_7465; // "tollgate"
 
 const STATEMENTS: &[(&str, &str)] = &[
     ("bucket", "SELECT balance_micro, updated_ms FROM buckets WHERE name = $1"),
-    ("set_bucket", "INSERT INTO buckets (name, balance_micro, updated_ms) VALUES ($1, $2, $3)
-        ON CONFLICT (name) DO UPDATE SET balance_micro = $2, updated_ms = $3"),
     ("slots", "SELECT in_use FROM slots WHERE scope = $1"),
-    ("set_slots", "INSERT INTO slots (scope, in_use) VALUES ($1, $2)
-        ON CONFLICT (scope) DO UPDATE SET in_use = $2"),
+    ("flush_buckets", "INSERT INTO buckets (name, balance_micro, updated_ms)
+        SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[])
+        ON CONFLICT (name) DO UPDATE SET balance_micro = EXCLUDED.balance_micro,
+        updated_ms = EXCLUDED.updated_ms"),
+    ("flush_slots", "INSERT INTO slots (scope, in_use) SELECT * FROM unnest($1::text[], $2::bigint[])
+        ON CONFLICT (scope) DO UPDATE SET in_use = EXCLUDED.in_use"),
     ("operation", "SELECT record FROM operations WHERE tenant = $1 AND key = $2"),
     ("put_operation", "INSERT INTO operations (tenant, key, state, worker, record) VALUES ($1, $2, $3, $4, $5)
         ON CONFLICT (tenant, key) DO UPDATE SET state = $3, worker = $4, record = $5"),
@@ -237,11 +240,14 @@ impl Store for PgStore {
         let attempt = (|| -> Result<Result<T, E>, StoreError> {
             let mut tx = self.client.transaction()?;
             tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ENGINE_LOCK])?;
-            let result = f(&mut Cached::new(&mut PgTx {
+            let mut rows = RowCache::default();
+            let result = f(&mut PgTx {
                 tx: &mut tx,
                 st: &self.statements,
-            }));
+                rows: &mut rows,
+            });
             if result.is_ok() {
+                flush(&mut tx, &self.statements, &mut rows)?;
                 tx.commit()?;
             }
             Ok(result)
@@ -293,29 +299,37 @@ impl PgStore {
         let mut tx = self.client.transaction()?;
         tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ENGINE_LOCK])?;
         let mut out = Vec::with_capacity(n);
+        // One cache for the batch: rows read once, written once before the commit.
+        let mut rows = RowCache::default();
         for i in 0..n {
             if savepoints {
                 tx.batch_execute("SAVEPOINT item")?;
             }
-            // A read cache per piece: a piece rolled back leaves nothing cached behind.
             let result = f(
                 i,
-                &mut Cached::new(&mut PgTx {
+                &mut PgTx {
                     tx: &mut tx,
                     st: &self.statements,
-                }),
+                    rows: &mut rows,
+                },
             );
             match (&result, savepoints) {
-                (Ok(_), true) => tx.batch_execute("RELEASE SAVEPOINT item")?,
+                (Ok(_), true) => {
+                    rows.keep();
+                    tx.batch_execute("RELEASE SAVEPOINT item")?
+                }
                 (Err(_), true) => {
+                    // The piece's cached changes go with its SQL ones.
+                    rows.roll_back();
                     tx.batch_execute("ROLLBACK TO SAVEPOINT item; RELEASE SAVEPOINT item")?
                 }
-                (Ok(_), false) => {}
+                (Ok(_), false) => rows.keep(),
                 // Dropping `tx` rolls it back.
                 (Err(_), false) => return Ok(None),
             }
             out.push(result);
         }
+        flush(&mut tx, &self.statements, &mut rows)?;
         tx.commit()?;
         Ok(Some(out))
     }
@@ -324,6 +338,29 @@ impl PgStore {
 struct PgTx<'a, 'b> {
     tx: &'a mut Transaction<'b>,
     st: &'a HashMap<&'static str, Statement>,
+    rows: &'a mut RowCache,
+}
+
+/// Writes the buckets and slot counts the transaction changed, one statement each (their
+/// rows in name order, so concurrent writers would lock them in one order).
+fn flush(
+    tx: &mut Transaction<'_>,
+    st: &HashMap<&'static str, Statement>,
+    rows: &mut RowCache,
+) -> Result<(), StoreError> {
+    let flush = rows.take_flush();
+    if !flush.buckets.is_empty() {
+        let names: Vec<&str> = flush.buckets.iter().map(|(n, _)| n.as_str()).collect();
+        let balances: Vec<i64> = flush.buckets.iter().map(|(_, s)| s.balance_micro).collect();
+        let updated: Vec<i64> = flush.buckets.iter().map(|(_, s)| s.updated_ms).collect();
+        tx.execute(&st["flush_buckets"], &[&names, &balances, &updated])?;
+    }
+    if !flush.slots.is_empty() {
+        let scopes: Vec<&str> = flush.slots.iter().map(|(s, _)| s.as_str()).collect();
+        let in_use: Vec<i64> = flush.slots.iter().map(|(_, n)| i64::from(*n)).collect();
+        tx.execute(&st["flush_slots"], &[&scopes, &in_use])?;
+    }
+    Ok(())
 }
 
 fn job(r: &Row) -> QueuedJob {
@@ -379,23 +416,33 @@ impl PgTx<'_, '_> {
 
 impl Tx for PgTx<'_, '_> {
     fn bucket(&mut self, name: &str) -> Result<Option<bucket::State>, StoreError> {
-        Ok(self.opt("bucket", &[&name])?.map(|r| bucket::State {
+        if let Some(s) = self.rows.bucket(name) {
+            return Ok(s);
+        }
+        let s = self.opt("bucket", &[&name])?.map(|r| bucket::State {
             balance_micro: r.get(0),
             updated_ms: r.get(1),
-        }))
+        });
+        self.rows.bucket_read(name, s);
+        Ok(s)
     }
     fn set_bucket(&mut self, name: &str, s: bucket::State) -> Result<(), StoreError> {
-        self.exec("set_bucket", &[&name, &s.balance_micro, &s.updated_ms])
-            .map(drop)
+        self.rows.set_bucket(name, s);
+        Ok(())
     }
     fn slots_in_use(&mut self, scope: &str) -> Result<u32, StoreError> {
-        Ok(self
+        if let Some(n) = self.rows.slots(scope) {
+            return Ok(n);
+        }
+        let n = self
             .opt("slots", &[&scope])?
-            .map_or(0, |r| r.get::<_, i64>(0) as u32))
+            .map_or(0, |r| r.get::<_, i64>(0) as u32);
+        self.rows.slots_read(scope, n);
+        Ok(n)
     }
     fn set_slots_in_use(&mut self, scope: &str, in_use: u32) -> Result<(), StoreError> {
-        self.exec("set_slots", &[&scope, &i64::from(in_use)])
-            .map(drop)
+        self.rows.set_slots(scope, in_use);
+        Ok(())
     }
     fn operation(&mut self, tenant: &str, key: &str) -> Result<Option<Operation>, StoreError> {
         match self.opt("operation", &[&tenant, &key])? {
@@ -457,10 +504,17 @@ impl Tx for PgTx<'_, '_> {
             .map_or(0, |r| r.get::<_, i64>(0) as u32))
     }
     fn meta(&mut self, name: &str) -> Result<Option<String>, StoreError> {
-        Ok(self.opt("meta", &[&name])?.map(|r| r.get(0)))
+        if let Some(v) = self.rows.meta(name) {
+            return Ok(v);
+        }
+        let v: Option<String> = self.opt("meta", &[&name])?.map(|r| r.get(0));
+        self.rows.meta_read(name, v.clone());
+        Ok(v)
     }
     fn set_meta(&mut self, name: &str, value: &str) -> Result<(), StoreError> {
-        self.exec("set_meta", &[&name, &value]).map(drop)
+        self.exec("set_meta", &[&name, &value])?;
+        self.rows.meta_written(name, value);
+        Ok(())
     }
     fn enqueue(&mut self, j: &QueuedJob) -> Result<(), StoreError> {
         self.exec(

@@ -19,7 +19,7 @@
 //! the log (at open, after another connection committed, after a failed commit), the next
 //! transaction first folds the whole log from SQL.
 
-use super::row_cache::RowCache;
+use super::super::row_cache::RowCache;
 use super::StoreError;
 use crate::bucket;
 use foldhash::{HashMap, HashSet};

@@ -2,9 +2,9 @@
 //! `BEGIN IMMEDIATE`, the schema created and versioned by the host. The transaction is
 //! in `tx`, the background checkpointer in `checkpoint`; the schema is `store::schema`.
 
+use super::row_cache::RowCache;
 use super::{schema, together_then_apart, BatchAttempt, Isolation, Store, StoreError, Tx};
 use bucket_log::BucketLog;
-use row_cache::RowCache;
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 use std::path::{Path, PathBuf};
 
@@ -30,7 +30,6 @@ pub struct SqliteStore {
 
 mod bucket_log;
 mod checkpoint;
-mod row_cache;
 mod tx;
 
 pub use checkpoint::RestartObserver;

@@ -1,8 +1,8 @@
 //! One SQLite transaction as the engine sees it ([`Tx`]): buckets, slots and meta through
 //! the row cache, operations and queues in SQL.
 
+use super::super::row_cache::RowCache;
 use super::super::{QueuedJob, StoreError, StoredKey, Tx};
-use super::row_cache::RowCache;
 use crate::bucket;
 use crate::model::{Operation, Priority};
 use rusqlite::{params, Connection, OptionalExtension};

@@ -1,7 +1,9 @@
-//! Buckets, slot counts and meta values kept in memory between transactions, for a store
-//! with one writer (SQLite). Every decision reads a handful of these rows and writes most of
-//! them back; kept here, the reads cost nothing and each row written by a batch reaches SQL
-//! once, just before the batch commits (write-behind inside the transaction).
+//! Buckets, slot counts and meta values kept in memory. Every decision reads a handful of
+//! these rows and writes most of them back; kept here, the reads cost nothing after the
+//! first and each row written by a batch reaches SQL once, just before the batch commits
+//! (write-behind inside the transaction). SQLite, with one writer, keeps the cache between
+//! transactions; PostgreSQL, shared by replicas, one per transaction (taken under the
+//! engine's lock, so nobody else writes these rows meanwhile).
 //!
 //! Each change is journalled so that a rolled-back piece of work (a savepoint) puts the old
 //! values back. The owner empties the cache whenever it cannot vouch for it: another
@@ -11,7 +13,7 @@ use crate::bucket;
 use foldhash::{HashMap, HashSet};
 
 #[derive(Default)]
-pub(super) struct RowCache {
+pub(crate) struct RowCache {
     buckets: HashMap<String, Option<bucket::State>>,
     slots: HashMap<String, u32>,
     meta: HashMap<String, Option<String>>,
@@ -31,7 +33,7 @@ enum Undo {
 }
 
 /// What a flush must write: the changed rows, in a fixed order.
-pub(super) struct Flush {
+pub(crate) struct Flush {
     pub buckets: Vec<(String, bucket::State)>,
     pub slots: Vec<(String, u32)>,
 }
