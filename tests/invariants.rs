@@ -20,8 +20,7 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config as RunnerConfig, FileFailurePersistence};
 use serde_json::json;
 use std::collections::HashSet;
-use tollgate::engine::Completion;
-use tollgate::engine::Reconciliation;
+use tollgate::engine::{Answer, Completion, Job, Reconciliation};
 use tollgate::model::{names, CallResult, OpState, Route};
 use tollgate::reason::Outcome;
 use tollgate::store::Store;
@@ -62,6 +61,24 @@ enum Step {
     },
     /// Housekeeping: calls active past `limits.max_call_ms` become `unknown`.
     Sweep,
+    /// Admissions, completions and dispatches run together as the service's writer runs
+    /// them: one transaction, each job all or nothing.
+    Batch(Vec<Step>),
+}
+
+/// Steps that can be jobs of a batch.
+fn batch_step() -> impl Strategy<Value = Step> {
+    let tenant = 0..TENANTS.len();
+    let key = 0u8..5;
+    prop_oneof![
+        3 => (tenant.clone(), key.clone(), any::<bool>(), 1u16..400, 0u16..4000).prop_map(
+            |(tenant, key, durable, tokens, deadline_in)| Step::Admit { tenant, key, durable, tokens, deadline_in }
+        ),
+        2 => (tenant, key, 0u8..3, proptest::option::of(1u8..4)).prop_map(
+            |(tenant, key, result, attempt)| Step::Complete { tenant, key, result, attempt }
+        ),
+        1 => (1u8..4).prop_map(|count| Step::Dispatch { count }),
+    ]
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -79,6 +96,7 @@ fn step() -> impl Strategy<Value = Step> {
         2 => (0u16..3000).prop_map(|ms| Step::Advance { ms }),
         1 => any::<bool>().prop_map(|deny_all| Step::Swap { deny_all }),
         1 => Just(Step::Sweep),
+        2 => proptest::collection::vec(batch_step(), 1..8).prop_map(Step::Batch),
     ]
 }
 
@@ -118,6 +136,135 @@ fn run<S: Store>(engine: &Engine<S>, steps: &[Step]) -> Result<(), TestCaseError
     Ok(())
 }
 
+/// The admission request of an `Admit` step. Each tenant's token counts have its own
+/// parity: a view of another tenant's operation would show the wrong one.
+fn admission(
+    tenant: usize,
+    key: u8,
+    durable: bool,
+    tokens: u16,
+    deadline_ms: i64,
+) -> serde_json::Value {
+    json!({
+        "tenant": TENANTS[tenant], "key": format!("k{key}"),
+        "route": if durable { "durable" } else { "interactive" },
+        "input_tokens": u64::from(tokens) * 2 + tenant as u64, "max_output_tokens": 50,
+        "deadline_ms": deadline_ms,
+    })
+}
+
+fn completion(tenant: usize, key: u8, result: u8, attempt: Option<u8>) -> Completion {
+    let result = [
+        CallResult::Succeeded,
+        CallResult::Failed,
+        CallResult::Unknown,
+    ][result as usize];
+    Completion {
+        result,
+        failure: (result == CallResult::Failed).then(|| "unavailable".to_string()),
+        attempt: attempt.map(u32::from),
+        ..Completion::succeeded(TENANTS[tenant], &format!("k{key}"))
+    }
+}
+
+/// Counts an acceptance in the model; fails on a second acceptance of one attempt.
+fn accepted(
+    model: &mut Model,
+    tenant: usize,
+    key: &str,
+    attempt: u32,
+    reserved: u64,
+) -> Result<(), TestCaseError> {
+    let fresh = model.accepted.insert((tenant, key.to_string(), attempt));
+    prop_assert!(fresh, "{key} attempt {attempt} of t{tenant} accepted twice");
+    model.spent_tokens[tenant] += reserved;
+    Ok(())
+}
+
+/// Runs a batch's steps as jobs of one transaction and counts their answers.
+fn run_batch<S: Store>(
+    engine: &Engine<S>,
+    model: &mut Model,
+    steps: &[Step],
+) -> Result<(), TestCaseError> {
+    let now = model.now_ms;
+    let config = engine.config();
+    let mut jobs = Vec::new();
+    for step in steps {
+        let job = match step {
+            Step::Admit {
+                tenant,
+                key,
+                durable,
+                tokens,
+                deadline_in,
+            } => {
+                let raw = admission(
+                    *tenant,
+                    *key,
+                    *durable,
+                    *tokens,
+                    now + i64::from(*deadline_in),
+                );
+                match tollgate::validate::request(&raw, &config) {
+                    Ok(request) => Job::Admit {
+                        request,
+                        now_ms: now,
+                    },
+                    Err(_) => continue,
+                }
+            }
+            Step::Complete {
+                tenant,
+                key,
+                result,
+                attempt,
+            } => Job::Complete {
+                completion: completion(*tenant, *key, *result, *attempt),
+                now_ms: now,
+            },
+            Step::Dispatch { count } => Job::Dispatch {
+                worker: "w1".into(),
+                count: u32::from(*count),
+                now_ms: now,
+            },
+            _ => continue,
+        };
+        jobs.push(job);
+    }
+    let answers = engine
+        .run_batch(&jobs)
+        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+    for (job, answer) in jobs.iter().zip(answers) {
+        let answer = answer.map_err(|e| TestCaseError::fail(e.to_string()))?;
+        match (job, answer) {
+            (Job::Admit { request, .. }, Answer::Decision(d)) if d.outcome == Outcome::Accepted => {
+                let t = tenant_index(&request.tenant);
+                accepted(
+                    model,
+                    t,
+                    &request.key,
+                    d.attempt.unwrap(),
+                    d.reserved_tokens.unwrap_or(0),
+                )?;
+            }
+            (_, Answer::Dispatch(claims)) => {
+                for c in claims.claimed {
+                    accepted(
+                        model,
+                        tenant_index(&c.tenant),
+                        &c.key,
+                        c.attempt,
+                        c.reserved_tokens,
+                    )?;
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 fn apply<S: Store>(
     engine: &Engine<S>,
     model: &mut Model,
@@ -132,26 +279,25 @@ fn apply<S: Store>(
             tokens,
             deadline_in,
         } => {
-            // Each tenant's token counts have its own parity: a view of another tenant's
-            // operation would show the wrong one.
-            let input = u64::from(*tokens) * 2 + *tenant as u64;
-            let request = json!({
-                "tenant": TENANTS[*tenant], "key": format!("k{key}"),
-                "route": if *durable { "durable" } else { "interactive" },
-                "input_tokens": input, "max_output_tokens": 50,
-                "deadline_ms": now + i64::from(*deadline_in),
-            });
+            let request = admission(
+                *tenant,
+                *key,
+                *durable,
+                *tokens,
+                now + i64::from(*deadline_in),
+            );
             let d = engine
                 .admit(&request, now)
                 .map_err(|e| TestCaseError::fail(e.to_string()))?;
             if d.outcome == Outcome::Accepted {
                 let attempt = d.attempt.expect("an acceptance names its attempt");
-                let fresh = model.accepted.insert((*tenant, format!("k{key}"), attempt));
-                prop_assert!(
-                    fresh,
-                    "k{key} attempt {attempt} of t{tenant} accepted twice"
-                );
-                model.spent_tokens[*tenant] += d.reserved_tokens.unwrap_or(0);
+                accepted(
+                    model,
+                    *tenant,
+                    &format!("k{key}"),
+                    attempt,
+                    d.reserved_tokens.unwrap_or(0),
+                )?;
             }
         }
         Step::Complete {
@@ -160,19 +306,8 @@ fn apply<S: Store>(
             result,
             attempt,
         } => {
-            let result = [
-                CallResult::Succeeded,
-                CallResult::Failed,
-                CallResult::Unknown,
-            ][*result as usize];
-            let completion = Completion {
-                result,
-                failure: (result == CallResult::Failed).then(|| "unavailable".to_string()),
-                attempt: attempt.map(u32::from),
-                ..Completion::succeeded(TENANTS[*tenant], &format!("k{key}"))
-            };
             engine
-                .complete(&completion, now)
+                .complete(&completion(*tenant, *key, *result, *attempt), now)
                 .map_err(|e| TestCaseError::fail(e.to_string()))?;
         }
         Step::Reconcile {
@@ -201,20 +336,18 @@ fn apply<S: Store>(
             let answer = engine
                 .dispatch("w1", u32::from(*count), now)
                 .map_err(|e| TestCaseError::fail(e.to_string()))?;
-            for claim in answer.claimed {
-                let t = tenant_index(&claim.tenant);
-                let fresh = model.accepted.insert((t, claim.key.clone(), claim.attempt));
-                prop_assert!(
-                    fresh,
-                    "{} attempt {} of {} claimed twice",
-                    claim.key,
-                    claim.attempt,
-                    claim.tenant
-                );
-                model.spent_tokens[t] += claim.reserved_tokens;
+            for c in answer.claimed {
+                accepted(
+                    model,
+                    tenant_index(&c.tenant),
+                    &c.key,
+                    c.attempt,
+                    c.reserved_tokens,
+                )?;
             }
         }
         Step::Advance { ms } => model.now_ms += i64::from(*ms),
+        Step::Batch(steps) => run_batch(engine, model, steps)?,
         Step::Sweep => {
             engine
                 .sweep(now)

@@ -128,24 +128,24 @@ fn a_postgres_restart_under_load_answers_503_then_recovers_with_every_answer_kep
         "every admission after recovery is accepted"
     );
 
-    // Every acknowledged admission is in the store.
-    let (status, view) = {
-        let r = ureq::get(&format!("{base}/v1/admin/inspect"))
+    // Every acknowledged admission is in the store (read page by page).
+    let mut stored = std::collections::HashSet::new();
+    let mut after = String::new();
+    loop {
+        let r = ureq::get(&format!("{base}/v1/admin/operations?limit=1000{after}"))
             .set("Authorization", &format!("Bearer {ADMIN}"))
             .call()
             .unwrap();
-        (
-            r.status(),
-            serde_json::from_str::<Value>(&r.into_string().unwrap()).unwrap(),
-        )
-    };
-    assert_eq!(status, 200);
-    let stored: std::collections::HashSet<&str> = view["operations"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|o| o["key"].as_str().unwrap())
-        .collect();
+        assert_eq!(r.status(), 200);
+        let page: Value = serde_json::from_str(&r.into_string().unwrap()).unwrap();
+        for o in page["operations"].as_array().unwrap() {
+            stored.insert(o["key"].as_str().unwrap().to_string());
+        }
+        match page["next"].as_str() {
+            Some(next) => after = format!("&after={next}"),
+            None => break,
+        }
+    }
     for (key, status, _, _) in &seen {
         if *status == 200 {
             assert!(

@@ -1,10 +1,11 @@
 //! Work submitted in batches, for callers that group several decisions into one transaction
 //! (the HTTP service's single writer). Each job is still all or nothing on its own.
 
+use super::budgets::Budgets;
 use super::{Completion, Reconciliation, DOWNSTREAM};
 use super::{CompletionAnswer, Decision, DispatchAnswer, Engine, Inspection, OperationView};
 use crate::model::Request;
-use crate::store::{Store, StoreError};
+use crate::store::{Prefetch, Store, StoreError};
 
 /// One unit of engine work.
 #[derive(Clone, Debug)]
@@ -153,12 +154,49 @@ impl<S: Store> Engine<S> {
             .clock_ms()
     }
 
+    /// The rows `jobs` will read: their operations, and their tenants' buckets and slots.
+    fn prefetch_hint(&self, jobs: &[Job]) -> Prefetch {
+        let config = self.config();
+        let mut hint = Prefetch::default();
+        for job in jobs {
+            let (tenant, key) = match job {
+                Job::Admit { request, .. } | Job::AdmitWithLevels { request, .. } => {
+                    (&request.tenant, &request.key)
+                }
+                Job::Complete { completion, .. } => (&completion.tenant, &completion.key),
+                Job::Reconcile { reconciliation, .. } => {
+                    (&reconciliation.tenant, &reconciliation.key)
+                }
+                _ => continue,
+            };
+            hint.operations.push((tenant.clone(), key.clone()));
+            if let Some(t) = config.tenant(tenant) {
+                hint.buckets
+                    .extend(Budgets::of_tenant(tenant, t).into_iter().map(|b| b.name));
+                if t.concurrency.is_some() {
+                    hint.slots.push(crate::model::names::tenant_slots(tenant));
+                }
+            }
+        }
+        hint.buckets.sort();
+        hint.buckets.dedup();
+        hint.slots.sort();
+        hint.slots.dedup();
+        hint.operations.sort();
+        hint.operations.dedup();
+        hint
+    }
+
     /// Runs `jobs` in one store transaction, each all or nothing on its own, and answers
     /// each. Nothing is answered before the transaction commits.
     pub fn run_batch(&self, jobs: &[Job]) -> Result<Vec<Result<Answer, StoreError>>, StoreError> {
         let policy = self.active_policy();
+        let hint = self.prefetch_hint(jobs);
         let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
         store.transaction_many(jobs.len(), |i, tx| {
+            if i == 0 {
+                tx.prefetch(&hint)?;
+            }
             Ok(match &jobs[i] {
                 Job::Admit { request, now_ms } => {
                     Answer::Decision(self.admit_in(tx, policy.as_ref(), request, *now_ms)?)

@@ -5,6 +5,7 @@
 //! [`Store::transaction`]: it reads rows, decides, and writes rows; the store makes that
 //! all-or-nothing.
 
+mod op_cache;
 pub mod postgres;
 mod postgres_tls;
 mod row_cache;
@@ -184,8 +185,24 @@ pub struct StoredKey {
     pub subject: String,
 }
 
+/// The rows a batch of jobs will read, named up front so that a store that pays a round trip
+/// per read can fetch them all at once ([`Tx::prefetch`]).
+#[derive(Clone, Debug, Default)]
+pub struct Prefetch {
+    /// Bucket names.
+    pub buckets: Vec<String>,
+    /// Slot scopes.
+    pub slots: Vec<String>,
+    /// Operations, by tenant and key.
+    pub operations: Vec<(String, String)>,
+}
+
 /// The reads and writes of one transaction. Missing rows read as absent, never as errors.
 pub trait Tx {
+    /// Reads ahead the rows `hint` names (a store with its rows in memory ignores it).
+    fn prefetch(&mut self, _hint: &Prefetch) -> Result<(), StoreError> {
+        Ok(())
+    }
     /// A bucket's balance, if it was ever written.
     fn bucket(&mut self, name: &str) -> Result<Option<bucket::State>, StoreError>;
     /// Writes a bucket's balance.

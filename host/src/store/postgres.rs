@@ -4,10 +4,11 @@
 //! serialization failure to retry, nothing a caller could see as a wrong answer). The
 //! database's clock is the one clock for refill and deadlines.
 
+use super::op_cache::OpCache;
 use super::row_cache::RowCache;
 use super::{
-    schema, together_then_apart, BatchAttempt, Isolation, QueuedJob, Store, StoreError, StoredKey,
-    Tx,
+    schema, together_then_apart, BatchAttempt, Isolation, Prefetch, QueuedJob, Store, StoreError,
+    StoredKey, Tx,
 };
 use crate::bucket;
 use crate::model::{Operation, Priority};
@@ -30,11 +31,17 @@ const STATEMENTS: &[(&str, &str)] = &[
         SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[])
         ON CONFLICT (name) DO UPDATE SET balance_micro = EXCLUDED.balance_micro,
         updated_ms = EXCLUDED.updated_ms"),
+    ("flush_operations", "INSERT INTO operations (tenant, key, state, worker, record)
+        SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[])
+        ON CONFLICT (tenant, key) DO UPDATE SET state = EXCLUDED.state,
+        worker = EXCLUDED.worker, record = EXCLUDED.record"),
+    ("prefetch_buckets", "SELECT name, balance_micro, updated_ms FROM buckets WHERE name = ANY($1)"),
+    ("prefetch_slots", "SELECT scope, in_use FROM slots WHERE scope = ANY($1)"),
+    ("prefetch_operations", "SELECT tenant, key, record FROM operations
+        WHERE tenant = ANY($1) AND key = ANY($2)"),
     ("flush_slots", "INSERT INTO slots (scope, in_use) SELECT * FROM unnest($1::text[], $2::bigint[])
         ON CONFLICT (scope) DO UPDATE SET in_use = EXCLUDED.in_use"),
     ("operation", "SELECT record FROM operations WHERE tenant = $1 AND key = $2"),
-    ("put_operation", "INSERT INTO operations (tenant, key, state, worker, record) VALUES ($1, $2, $3, $4, $5)
-        ON CONFLICT (tenant, key) DO UPDATE SET state = $3, worker = $4, record = $5"),
     ("operations", "SELECT tenant, key, record FROM operations ORDER BY tenant, key"),
     ("operations_after", "SELECT tenant, key, record FROM operations
         WHERE (tenant, key) > ($1, $2) ORDER BY tenant, key LIMIT $3"),
@@ -241,13 +248,15 @@ impl Store for PgStore {
             let mut tx = self.client.transaction()?;
             tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ENGINE_LOCK])?;
             let mut rows = RowCache::default();
+            let mut ops = OpCache::default();
             let result = f(&mut PgTx {
                 tx: &mut tx,
                 st: &self.statements,
                 rows: &mut rows,
+                ops: &mut ops,
             });
             if result.is_ok() {
-                flush(&mut tx, &self.statements, &mut rows)?;
+                flush(&mut tx, &self.statements, &mut rows, &mut ops)?;
                 tx.commit()?;
             }
             Ok(result)
@@ -301,6 +310,7 @@ impl PgStore {
         let mut out = Vec::with_capacity(n);
         // One cache for the batch: rows read once, written once before the commit.
         let mut rows = RowCache::default();
+        let mut ops = OpCache::default();
         for i in 0..n {
             if savepoints {
                 tx.batch_execute("SAVEPOINT item")?;
@@ -311,25 +321,31 @@ impl PgStore {
                     tx: &mut tx,
                     st: &self.statements,
                     rows: &mut rows,
+                    ops: &mut ops,
                 },
             );
             match (&result, savepoints) {
                 (Ok(_), true) => {
                     rows.keep();
+                    ops.keep();
                     tx.batch_execute("RELEASE SAVEPOINT item")?
                 }
                 (Err(_), true) => {
                     // The piece's cached changes go with its SQL ones.
                     rows.roll_back();
+                    ops.roll_back();
                     tx.batch_execute("ROLLBACK TO SAVEPOINT item; RELEASE SAVEPOINT item")?
                 }
-                (Ok(_), false) => rows.keep(),
+                (Ok(_), false) => {
+                    rows.keep();
+                    ops.keep();
+                }
                 // Dropping `tx` rolls it back.
                 (Err(_), false) => return Ok(None),
             }
             out.push(result);
         }
-        flush(&mut tx, &self.statements, &mut rows)?;
+        flush(&mut tx, &self.statements, &mut rows, &mut ops)?;
         tx.commit()?;
         Ok(Some(out))
     }
@@ -339,15 +355,43 @@ struct PgTx<'a, 'b> {
     tx: &'a mut Transaction<'b>,
     st: &'a HashMap<&'static str, Statement>,
     rows: &'a mut RowCache,
+    ops: &'a mut OpCache,
 }
 
-/// Writes the buckets and slot counts the transaction changed, one statement each (their
-/// rows in name order, so concurrent writers would lock them in one order).
+/// Writes the operations the transaction changed so far, in one statement.
+fn flush_operations(
+    tx: &mut Transaction<'_>,
+    st: &HashMap<&'static str, Statement>,
+    ops: &mut OpCache,
+) -> Result<(), StoreError> {
+    let dirty = ops.take_dirty();
+    if dirty.is_empty() {
+        return Ok(());
+    }
+    let mut records = Vec::with_capacity(dirty.len());
+    for op in &dirty {
+        records.push(serde_json::to_string(op)?);
+    }
+    let tenants: Vec<&str> = dirty.iter().map(|o| o.tenant.as_str()).collect();
+    let keys: Vec<&str> = dirty.iter().map(|o| o.key.as_str()).collect();
+    let states: Vec<&str> = dirty.iter().map(|o| o.state.as_str()).collect();
+    let workers: Vec<Option<&str>> = dirty.iter().map(|o| o.worker.as_deref()).collect();
+    tx.execute(
+        &st["flush_operations"],
+        &[&tenants, &keys, &states, &workers, &records],
+    )?;
+    Ok(())
+}
+
+/// Writes what the transaction changed: operations, then buckets and slot counts, one
+/// statement each (rows in key order, so concurrent writers would lock them in one order).
 fn flush(
     tx: &mut Transaction<'_>,
     st: &HashMap<&'static str, Statement>,
     rows: &mut RowCache,
+    ops: &mut OpCache,
 ) -> Result<(), StoreError> {
+    flush_operations(tx, st, ops)?;
     let flush = rows.take_flush();
     if !flush.buckets.is_empty() {
         let names: Vec<&str> = flush.buckets.iter().map(|(n, _)| n.as_str()).collect();
@@ -381,6 +425,11 @@ impl PgTx<'_, '_> {
         params: &[&(dyn postgres::types::ToSql + Sync)],
     ) -> Result<Option<Row>, StoreError> {
         Ok(self.tx.query_opt(&self.st[name], params)?)
+    }
+
+    /// Writes the cached operations before a statement that reads the table.
+    fn flush_operations(&mut self) -> Result<(), StoreError> {
+        flush_operations(self.tx, self.st, self.ops)
     }
 
     /// A page of operations by the statement `name` (after a tenant and key, at most `limit`).
@@ -444,25 +493,90 @@ impl Tx for PgTx<'_, '_> {
         self.rows.set_slots(scope, in_use);
         Ok(())
     }
+    fn prefetch(&mut self, hint: &Prefetch) -> Result<(), StoreError> {
+        let buckets: Vec<&str> = hint
+            .buckets
+            .iter()
+            .filter(|n| self.rows.bucket(n).is_none())
+            .map(String::as_str)
+            .collect();
+        if !buckets.is_empty() {
+            let found = self.tx.query(&self.st["prefetch_buckets"], &[&buckets])?;
+            let mut states: HashMap<String, bucket::State> = found
+                .iter()
+                .map(|r| {
+                    let state = bucket::State {
+                        balance_micro: r.get(1),
+                        updated_ms: r.get(2),
+                    };
+                    (r.get::<_, String>(0), state)
+                })
+                .collect();
+            for name in buckets {
+                self.rows.bucket_read(name, states.remove(name));
+            }
+        }
+        let slots: Vec<&str> = hint
+            .slots
+            .iter()
+            .filter(|s| self.rows.slots(s).is_none())
+            .map(String::as_str)
+            .collect();
+        if !slots.is_empty() {
+            let found = self.tx.query(&self.st["prefetch_slots"], &[&slots])?;
+            let mut in_use: HashMap<String, u32> = found
+                .iter()
+                .map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1) as u32))
+                .collect();
+            for scope in slots {
+                self.rows
+                    .slots_read(scope, in_use.remove(scope).unwrap_or(0));
+            }
+        }
+        let wanted: Vec<&(String, String)> = hint
+            .operations
+            .iter()
+            .filter(|(t, k)| self.ops.get(t, k).is_none())
+            .collect();
+        if !wanted.is_empty() {
+            let tenants: Vec<&str> = wanted.iter().map(|(t, _)| t.as_str()).collect();
+            let keys: Vec<&str> = wanted.iter().map(|(_, k)| k.as_str()).collect();
+            let found = self
+                .tx
+                .query(&self.st["prefetch_operations"], &[&tenants, &keys])?;
+            let mut ops: HashMap<(String, String), Operation> = HashMap::new();
+            for r in &found {
+                let op = Operation::from_record(r.get(0), r.get(1), r.get::<_, &str>(2))?;
+                ops.insert((op.tenant.clone(), op.key.clone()), op);
+            }
+            for (t, k) in wanted {
+                let op = ops.remove(&(t.clone(), k.clone()));
+                self.ops.read(t, k, op);
+            }
+        }
+        Ok(())
+    }
     fn operation(&mut self, tenant: &str, key: &str) -> Result<Option<Operation>, StoreError> {
-        match self.opt("operation", &[&tenant, &key])? {
-            Some(r) => Ok(Some(Operation::from_record(
+        if let Some(op) = self.ops.get(tenant, key) {
+            return Ok(op);
+        }
+        let op = match self.opt("operation", &[&tenant, &key])? {
+            Some(r) => Some(Operation::from_record(
                 tenant.to_string(),
                 key.to_string(),
                 r.get::<_, &str>(0),
-            )?)),
-            None => Ok(None),
-        }
+            )?),
+            None => None,
+        };
+        self.ops.read(tenant, key, op.clone());
+        Ok(op)
     }
     fn put_operation(&mut self, op: &Operation) -> Result<(), StoreError> {
-        let record = serde_json::to_string(op)?;
-        self.exec(
-            "put_operation",
-            &[&op.tenant, &op.key, &op.state.as_str(), &op.worker, &record],
-        )
-        .map(drop)
+        self.ops.put(op);
+        Ok(())
     }
     fn operations(&mut self) -> Result<Vec<Operation>, StoreError> {
+        self.flush_operations()?;
         let rows = self.tx.query(&self.st["operations"], &[])?;
         rows.iter()
             .map(|r| {
@@ -479,6 +593,7 @@ impl Tx for PgTx<'_, '_> {
         after: Option<(&str, &str)>,
         limit: u32,
     ) -> Result<Vec<Operation>, StoreError> {
+        self.flush_operations()?;
         self.page("operations_after", after, limit)
     }
     fn unknown_operations_after(
@@ -486,19 +601,28 @@ impl Tx for PgTx<'_, '_> {
         after: Option<(&str, &str)>,
         limit: u32,
     ) -> Result<Vec<Operation>, StoreError> {
+        self.flush_operations()?;
         self.page("unknown_after", after, limit)
     }
     fn rename_worker(&mut self, from: &str, to: &str) -> Result<u64, StoreError> {
+        self.flush_operations()?;
+        // Cached copies would carry the old name: read them again.
+        *self.ops = OpCache::default();
         self.exec("rename_worker", &[&from, &to])
     }
     fn delete_operation(&mut self, tenant: &str, key: &str) -> Result<(), StoreError> {
-        self.exec("delete_operation", &[&tenant, &key]).map(drop)
+        self.flush_operations()?;
+        self.exec("delete_operation", &[&tenant, &key])?;
+        self.ops.deleted(tenant, key);
+        Ok(())
     }
     fn count_unknown(&mut self) -> Result<u64, StoreError> {
+        self.flush_operations()?;
         let row = self.opt("count_unknown", &[])?;
         Ok(row.map_or(0, |r| r.get::<_, i64>(0)) as u64)
     }
     fn unfinished_claims(&mut self, worker: &str) -> Result<u32, StoreError> {
+        self.flush_operations()?;
         Ok(self
             .opt("unfinished", &[&worker])?
             .map_or(0, |r| r.get::<_, i64>(0) as u32))
@@ -584,6 +708,7 @@ impl Tx for PgTx<'_, '_> {
         Ok(self.exec("delete_written_tenant", &[&name])? > 0)
     }
     fn tenant_has_work(&mut self, tenant: &str) -> Result<bool, StoreError> {
+        self.flush_operations()?;
         Ok(self
             .opt("tenant_has_work", &[&tenant])?
             .is_some_and(|r| r.get::<_, bool>(0)))
