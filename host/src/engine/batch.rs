@@ -154,34 +154,80 @@ impl<S: Store> Engine<S> {
             .clock_ms()
     }
 
-    /// The rows `jobs` will read: their operations, and their tenants' buckets and slots.
+    /// The rows `jobs` will read and write: their operations, their tenants' buckets, slots
+    /// and queues, the global ones and those of the models they may name.
     fn prefetch_hint(&self, jobs: &[Job]) -> Prefetch {
         let config = self.config();
-        let mut hint = Prefetch::default();
+        let mut hint = Prefetch {
+            complete: true,
+            meta: vec![DOWNSTREAM.to_string()],
+            ..Prefetch::default()
+        };
         for job in jobs {
-            let (tenant, key) = match job {
-                Job::Admit { request, .. } | Job::AdmitWithLevels { request, .. } => {
-                    (&request.tenant, &request.key)
+            let (tenant, key, model) = match job {
+                Job::Admit { request, .. } | Job::AdmitWithLevels { request, .. } => (
+                    &request.tenant,
+                    Some(&request.key),
+                    Some(request.model.as_deref()),
+                ),
+                Job::Complete { completion, .. } => {
+                    (&completion.tenant, Some(&completion.key), None)
                 }
-                Job::Complete { completion, .. } => (&completion.tenant, &completion.key),
                 Job::Reconcile { reconciliation, .. } => {
-                    (&reconciliation.tenant, &reconciliation.key)
+                    (&reconciliation.tenant, Some(&reconciliation.key), None)
                 }
-                _ => continue,
+                Job::Operation { tenant, key } => (tenant, Some(key), None),
+                Job::TenantLevels { tenant, .. } => (tenant, None, None),
+                Job::Dispatch { .. }
+                | Job::SetDownstream { .. }
+                | Job::Inspect { .. }
+                | Job::Operations { .. }
+                | Job::Levels { .. } => {
+                    hint.complete = false;
+                    continue;
+                }
             };
-            hint.operations.push((tenant.clone(), key.clone()));
-            if let Some(t) = config.tenant(tenant) {
-                hint.buckets
-                    .extend(Budgets::of_tenant(tenant, t).into_iter().map(|b| b.name));
-                if t.concurrency.is_some() {
-                    hint.slots.push(crate::model::names::tenant_slots(tenant));
-                }
+            if let Some(key) = key {
+                hint.operations.push((tenant.clone(), key.clone()));
+            }
+            // Only durable admissions queue; a completion may queue its retry.
+            if !matches!(job, Job::Admit { request, .. } | Job::AdmitWithLevels { request, .. }
+                if request.route != crate::model::Route::Durable)
+            {
+                hint.queues.push(tenant.clone());
+            }
+            let Some(t) = config.tenant(tenant) else {
+                continue;
+            };
+            hint.buckets
+                .extend(Budgets::of_tenant(tenant, t).into_iter().map(|b| b.name));
+            let budgets = Budgets::for_request(&config, tenant, t, model.flatten());
+            hint.buckets.push(budgets.global_requests.name);
+            hint.slots.push(budgets.global_slots.scope);
+            hint.slots.extend(budgets.tenant_slots.map(|s| s.scope));
+            match model {
+                // An admission draws on its own model's buckets.
+                Some(_) => hint.buckets.extend(
+                    [budgets.model_requests, budgets.model_tokens]
+                        .into_iter()
+                        .flatten()
+                        .map(|b| b.name),
+                ),
+                // A completion's model is in its stored operation: refunds may reach any.
+                None => hint.buckets.extend(
+                    config
+                        .models
+                        .iter()
+                        .flatten()
+                        .filter(|(_, m)| m.tokens.is_some())
+                        .map(|(name, _)| crate::model::names::model_tokens(name)),
+                ),
             }
         }
-        hint.buckets.sort();
-        hint.buckets.dedup();
-        hint.slots.sort();
-        hint.slots.dedup();
+        for list in [&mut hint.buckets, &mut hint.slots, &mut hint.queues] {
+            list.sort();
+            list.dedup();
+        }
         hint.operations.sort();
         hint.operations.dedup();
         hint
@@ -193,10 +239,7 @@ impl<S: Store> Engine<S> {
         let policy = self.active_policy();
         let hint = self.prefetch_hint(jobs);
         let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
-        store.transaction_many(jobs.len(), |i, tx| {
-            if i == 0 {
-                tx.prefetch(&hint)?;
-            }
+        store.transaction_batch(jobs.len(), &hint, |i, tx| {
             Ok(match &jobs[i] {
                 Job::Admit { request, now_ms } => {
                     Answer::Decision(self.admit_in(tx, policy.as_ref(), request, *now_ms)?)

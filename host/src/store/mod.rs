@@ -6,6 +6,8 @@
 //! all-or-nothing.
 
 mod op_cache;
+mod pg_locks;
+mod pg_wire;
 pub mod postgres;
 mod postgres_tls;
 mod row_cache;
@@ -37,6 +39,11 @@ pub enum StoreError {
     /// nothing was written by the failed transaction. Worth retrying shortly.
     #[error("store unavailable: {0}")]
     Unavailable(String),
+    /// A batch of a shared store reached a row it had not named while another replica held
+    /// it; the store undoes the batch and runs it again with the store to itself, so this
+    /// never reaches a caller of [`Store::transaction_batch`].
+    #[error("a row the batch did not name is held by another replica")]
+    Contended,
 }
 
 impl StoreError {
@@ -109,6 +116,23 @@ pub trait Store: Send {
         Ok((0..n).map(|i| self.transaction(|tx| f(i, tx))).collect())
     }
 
+    /// As [`Store::transaction_many`], with the rows the jobs will touch named up front: read
+    /// ahead, and on a shared store locked one by one instead of the store as a whole when
+    /// `hint` names everything the jobs write ([`Prefetch::complete`]).
+    fn transaction_batch<T>(
+        &mut self,
+        n: usize,
+        hint: &Prefetch,
+        mut f: impl FnMut(usize, &mut dyn Tx) -> Result<T, StoreError>,
+    ) -> Result<Vec<Result<T, StoreError>>, StoreError> {
+        self.transaction_many(n, |i, tx| {
+            if i == 0 {
+                tx.prefetch(hint)?;
+            }
+            f(i, tx)
+        })
+    }
+
     /// The store's own clock in Unix ms, when the store is shared by replicas and its clock
     /// must be the one clock (PostgreSQL); `None` for a store owned by one process.
     fn clock_ms(&mut self) -> Result<Option<i64>, StoreError> {
@@ -164,6 +188,18 @@ impl Store for AnyStore {
         }
     }
 
+    fn transaction_batch<T>(
+        &mut self,
+        n: usize,
+        hint: &Prefetch,
+        f: impl FnMut(usize, &mut dyn Tx) -> Result<T, StoreError>,
+    ) -> Result<Vec<Result<T, StoreError>>, StoreError> {
+        match self {
+            AnyStore::Sqlite(s) => s.transaction_batch(n, hint, f),
+            AnyStore::Postgres(s) => s.transaction_batch(n, hint, f),
+        }
+    }
+
     fn clock_ms(&mut self) -> Result<Option<i64>, StoreError> {
         match self {
             AnyStore::Sqlite(s) => s.clock_ms(),
@@ -186,7 +222,8 @@ pub struct StoredKey {
 }
 
 /// The rows a batch of jobs will read, named up front so that a store that pays a round trip
-/// per read can fetch them all at once ([`Tx::prefetch`]).
+/// per read can fetch them all at once ([`Tx::prefetch`]), and a store shared by replicas can
+/// lock just them.
 #[derive(Clone, Debug, Default)]
 pub struct Prefetch {
     /// Bucket names.
@@ -195,6 +232,13 @@ pub struct Prefetch {
     pub slots: Vec<String>,
     /// Operations, by tenant and key.
     pub operations: Vec<(String, String)>,
+    /// Meta values the jobs read.
+    pub meta: Vec<String>,
+    /// Tenants whose queue the jobs may change or count.
+    pub queues: Vec<String>,
+    /// Whether the rows above are all the jobs write (admissions, completions,
+    /// reconciliations); `false` when a job reaches further (dispatch, listings, meta).
+    pub complete: bool,
 }
 
 /// The reads and writes of one transaction. Missing rows read as absent, never as errors.

@@ -1,10 +1,14 @@
-//! The PostgreSQL store: one authority for many replicas. Every transaction first takes one
-//! transaction-scoped advisory lock, so the engine's transactions are serialised across all
-//! replicas exactly as SQLite serialises them within one process (no deadlock, no
-//! serialization failure to retry, nothing a caller could see as a wrong answer). The
-//! database's clock is the one clock for refill and deadlines.
+//! The PostgreSQL store: one authority for many replicas. A batch of admissions and
+//! completions locks the rows it names, in one order, and runs beside other replicas'
+//! batches; anything else has the store to itself (see `pg_locks`). Either way no two
+//! transactions ever write the same row at once: no deadlock, no serialization failure to
+//! retry, nothing a caller could see as a wrong answer. A batch is four round trips: begin
+//! with its locks, read its rows, write them back, commit. The database's clock is the one
+//! clock for refill and deadlines.
 
 use super::op_cache::OpCache;
+use super::pg_locks::{Held, RowLock, ENGINE_LOCK};
+use super::pg_wire::{self, Wanted};
 use super::row_cache::RowCache;
 use super::{
     schema, together_then_apart, BatchAttempt, Isolation, Prefetch, QueuedJob, Store, StoreError,
@@ -12,7 +16,7 @@ use super::{
 };
 use crate::bucket;
 use crate::model::{Operation, Priority};
-use postgres::{Client, Row, Statement, Transaction};
+use postgres::{Client, Row, Statement};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
@@ -21,26 +25,34 @@ use std::time::{Duration, Instant};
 const FIRST_RECONNECT_WAIT: Duration = Duration::from_millis(100);
 const MOST_RECONNECT_WAIT: Duration = Duration::from_secs(2);
 
-/// The advisory lock every engine transaction takes first.
-const ENGINE_LOCK: i64 = 0x746f_6c6c_6761_7465; // "tollgate"
-
 const STATEMENTS: &[(&str, &str)] = &[
     ("bucket", "SELECT balance_micro, updated_ms FROM buckets WHERE name = $1"),
     ("slots", "SELECT in_use FROM slots WHERE scope = $1"),
-    ("flush_buckets", "INSERT INTO buckets (name, balance_micro, updated_ms)
-        SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[])
-        ON CONFLICT (name) DO UPDATE SET balance_micro = EXCLUDED.balance_micro,
-        updated_ms = EXCLUDED.updated_ms"),
     ("flush_operations", "INSERT INTO operations (tenant, key, state, worker, record)
         SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[])
         ON CONFLICT (tenant, key) DO UPDATE SET state = EXCLUDED.state,
         worker = EXCLUDED.worker, record = EXCLUDED.record"),
-    ("prefetch_buckets", "SELECT name, balance_micro, updated_ms FROM buckets WHERE name = ANY($1)"),
-    ("prefetch_slots", "SELECT scope, in_use FROM slots WHERE scope = ANY($1)"),
-    ("prefetch_operations", "SELECT tenant, key, record FROM operations
-        WHERE tenant = ANY($1) AND key = ANY($2)"),
-    ("flush_slots", "INSERT INTO slots (scope, in_use) SELECT * FROM unnest($1::text[], $2::bigint[])
-        ON CONFLICT (scope) DO UPDATE SET in_use = EXCLUDED.in_use"),
+    ("prefetch", "SELECT 0::int2, name, NULL::text, balance_micro, updated_ms, NULL::text
+            FROM buckets WHERE name = ANY($1)
+        UNION ALL SELECT 1::int2, scope, NULL::text, in_use, NULL::bigint, NULL::text
+            FROM slots WHERE scope = ANY($2)
+        UNION ALL SELECT 2::int2, tenant, key, NULL::bigint, NULL::bigint, record
+            FROM operations WHERE tenant = ANY($3) AND key = ANY($4)
+        UNION ALL SELECT 3::int2, name, NULL::text, NULL::bigint, NULL::bigint, value
+            FROM meta WHERE name = ANY($5)"),
+    ("flush", "WITH o AS (INSERT INTO operations (tenant, key, state, worker, record)
+            SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[])
+            ON CONFLICT (tenant, key) DO UPDATE SET state = EXCLUDED.state,
+            worker = EXCLUDED.worker, record = EXCLUDED.record),
+        b AS (INSERT INTO buckets (name, balance_micro, updated_ms)
+            SELECT * FROM unnest($6::text[], $7::bigint[], $8::bigint[])
+            ON CONFLICT (name) DO UPDATE SET balance_micro = EXCLUDED.balance_micro,
+            updated_ms = EXCLUDED.updated_ms),
+        s AS (INSERT INTO slots (scope, in_use) SELECT * FROM unnest($9::text[], $10::bigint[])
+            ON CONFLICT (scope) DO UPDATE SET in_use = EXCLUDED.in_use)
+        SELECT 1"),
+    ("clock", "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint"),
+    ("try_lock", "SELECT pg_try_advisory_xact_lock($1, $2)"),
     ("operation", "SELECT record FROM operations WHERE tenant = $1 AND key = $2"),
     ("operations", "SELECT tenant, key, record FROM operations ORDER BY tenant, key"),
     ("operations_after", "SELECT tenant, key, record FROM operations
@@ -237,6 +249,46 @@ impl Drop for PgStore {
     }
 }
 
+/// An open transaction on the connection: rolled back when dropped uncommitted, so every
+/// early return leaves the connection clean.
+struct Open<'c> {
+    client: &'c mut Client,
+    done: bool,
+}
+
+impl<'c> Open<'c> {
+    /// Sends `begin` (a `BEGIN` and the locks, one round trip).
+    fn begin(client: &'c mut Client, begin: &str) -> Result<Self, StoreError> {
+        let open = Open {
+            client,
+            done: false,
+        };
+        open.client.batch_execute(begin)?;
+        Ok(open)
+    }
+
+    /// Writes the caches' changes with `flush` and commits.
+    fn commit(
+        mut self,
+        flush: &Statement,
+        rows: &mut RowCache,
+        ops: &mut OpCache,
+    ) -> Result<(), StoreError> {
+        pg_wire::write(self.client, flush, &ops.take_dirty(), &rows.take_flush())?;
+        self.client.batch_execute("COMMIT")?;
+        self.done = true;
+        Ok(())
+    }
+}
+
+impl Drop for Open<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = self.client.batch_execute("ROLLBACK");
+        }
+    }
+}
+
 impl Store for PgStore {
     fn transaction<T, E>(&mut self, f: impl FnOnce(&mut dyn Tx) -> Result<T, E>) -> Result<T, E>
     where
@@ -245,19 +297,19 @@ impl Store for PgStore {
         self.ensure_connected()?;
         // The outer error is the store's own (begin, lock, commit); the inner one `f`'s.
         let attempt = (|| -> Result<Result<T, E>, StoreError> {
-            let mut tx = self.client.transaction()?;
-            tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ENGINE_LOCK])?;
+            let open = Open::begin(&mut self.client, &Held::begin_exclusive_sql())?;
             let mut rows = RowCache::default();
             let mut ops = OpCache::default();
+            let mut held = Held::Exclusive;
             let result = f(&mut PgTx {
-                tx: &mut tx,
+                client: open.client,
                 st: &self.statements,
                 rows: &mut rows,
                 ops: &mut ops,
+                held: &mut held,
             });
             if result.is_ok() {
-                flush(&mut tx, &self.statements, &mut rows, &mut ops)?;
-                tx.commit()?;
+                open.commit(&self.statements["flush"], &mut rows, &mut ops)?;
             }
             Ok(result)
         })();
@@ -267,143 +319,191 @@ impl Store for PgStore {
         }
     }
 
-    /// Together first, with savepoints only if a job failed (see `Isolation`).
     fn transaction_many<T>(
         &mut self,
         n: usize,
+        f: impl FnMut(usize, &mut dyn Tx) -> Result<T, StoreError>,
+    ) -> Result<Vec<Result<T, StoreError>>, StoreError> {
+        self.transaction_batch(n, &Prefetch::default(), f)
+    }
+
+    /// Together first, with savepoints only if a job failed (see `Isolation`); with the
+    /// hint's rows locked when it names all the batch writes, else (or when a job reached a
+    /// row another replica held) with the store to itself.
+    fn transaction_batch<T>(
+        &mut self,
+        n: usize,
+        hint: &Prefetch,
         mut f: impl FnMut(usize, &mut dyn Tx) -> Result<T, StoreError>,
     ) -> Result<Vec<Result<T, StoreError>>, StoreError> {
         self.ensure_connected()?;
-        match together_then_apart(|isolation| self.run_batch(n, &mut f, isolation)) {
-            Ok(results) => Ok(results
-                .into_iter()
-                .map(|r| r.map_err(|e| self.classify(e)))
-                .collect()),
-            Err(e) => Err(self.classify(e)),
+        let mut exclusive = !hint.complete;
+        loop {
+            let run = together_then_apart(|isolation| {
+                self.run_batch(n, hint, exclusive, &mut f, isolation)
+            });
+            return match run {
+                Err(StoreError::Contended) if !exclusive => {
+                    tracing::debug!("a batch met a row held elsewhere; running it alone");
+                    exclusive = true;
+                    continue;
+                }
+                Ok(results) => Ok(results
+                    .into_iter()
+                    .map(|r| r.map_err(|e| self.classify(e)))
+                    .collect()),
+                Err(e) => Err(self.classify(e)),
+            };
         }
     }
 
     fn clock_ms(&mut self) -> Result<Option<i64>, StoreError> {
         self.ensure_connected()?;
-        match self.client.query_one(
-            "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint",
-            &[],
-        ) {
+        match self.client.query_one(&self.statements["clock"], &[]) {
             Ok(row) => Ok(Some(row.get(0))),
             Err(e) => Err(self.classify(e.into())),
         }
     }
 }
 
+/// The locks a batch with `hint` takes: the rows it names, or the whole store.
+fn batch_locks(hint: &Prefetch, exclusive: bool) -> (String, Held) {
+    if exclusive {
+        return (Held::begin_exclusive_sql(), Held::Exclusive);
+    }
+    let rows = hint
+        .buckets
+        .iter()
+        .map(|b| RowLock::of("bucket", b))
+        .chain(hint.slots.iter().map(|s| RowLock::of("slots", s)))
+        .chain(hint.queues.iter().map(|t| RowLock::of("queue", t)))
+        .chain(
+            hint.operations
+                .iter()
+                .map(|(t, k)| RowLock::operation(t, k)),
+        );
+    Held::begin_shared(rows)
+}
+
 impl PgStore {
     /// Runs the jobs in one transaction and commits it; `None` (nothing written) when a
-    /// job failed under [`Isolation::Together`].
+    /// job failed under [`Isolation::Together`]; [`StoreError::Contended`] (nothing
+    /// written) when a job reached a row another replica held.
     fn run_batch<T>(
         &mut self,
         n: usize,
+        hint: &Prefetch,
+        exclusive: bool,
         f: &mut impl FnMut(usize, &mut dyn Tx) -> Result<T, StoreError>,
         isolation: Isolation,
     ) -> BatchAttempt<T> {
         let savepoints = isolation == Isolation::Savepoints;
-        let mut tx = self.client.transaction()?;
-        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ENGINE_LOCK])?;
-        let mut out = Vec::with_capacity(n);
         // One cache for the batch: rows read once, written once before the commit.
         let mut rows = RowCache::default();
         let mut ops = OpCache::default();
+        // Begin and lock in one round trip, then read the hint's rows in one statement.
+        let (begin, mut held) = batch_locks(hint, exclusive);
+        let open = Open::begin(&mut self.client, &begin)?;
+        Wanted::of(hint, &rows, &ops).read(
+            open.client,
+            &self.statements["prefetch"],
+            &mut rows,
+            &mut ops,
+        )?;
+        let mut out = Vec::with_capacity(n);
+        let mut tx = PgTx {
+            client: open.client,
+            st: &self.statements,
+            rows: &mut rows,
+            ops: &mut ops,
+            held: &mut held,
+        };
         for i in 0..n {
             if savepoints {
-                tx.batch_execute("SAVEPOINT item")?;
+                tx.client.batch_execute("SAVEPOINT item")?;
             }
-            let result = f(
-                i,
-                &mut PgTx {
-                    tx: &mut tx,
-                    st: &self.statements,
-                    rows: &mut rows,
-                    ops: &mut ops,
-                },
-            );
+            let result = f(i, &mut tx);
             match (&result, savepoints) {
+                // Dropping `open` rolls the attempt back.
+                (Err(StoreError::Contended), _) => return Err(StoreError::Contended),
                 (Ok(_), true) => {
-                    rows.keep();
-                    ops.keep();
-                    tx.batch_execute("RELEASE SAVEPOINT item")?
+                    tx.rows.keep();
+                    tx.ops.keep();
+                    tx.client.batch_execute("RELEASE SAVEPOINT item")?
                 }
                 (Err(_), true) => {
                     // The piece's cached changes go with its SQL ones.
-                    rows.roll_back();
-                    ops.roll_back();
-                    tx.batch_execute("ROLLBACK TO SAVEPOINT item; RELEASE SAVEPOINT item")?
+                    tx.rows.roll_back();
+                    tx.ops.roll_back();
+                    tx.client
+                        .batch_execute("ROLLBACK TO SAVEPOINT item; RELEASE SAVEPOINT item")?
                 }
                 (Ok(_), false) => {
-                    rows.keep();
-                    ops.keep();
+                    tx.rows.keep();
+                    tx.ops.keep();
                 }
-                // Dropping `tx` rolls it back.
                 (Err(_), false) => return Ok(None),
             }
             out.push(result);
         }
-        flush(&mut tx, &self.statements, &mut rows, &mut ops)?;
-        tx.commit()?;
+        open.commit(&self.statements["flush"], &mut rows, &mut ops)?;
         Ok(Some(out))
     }
 }
 
-struct PgTx<'a, 'b> {
-    tx: &'a mut Transaction<'b>,
+struct PgTx<'a> {
+    client: &'a mut Client,
     st: &'a HashMap<&'static str, Statement>,
     rows: &'a mut RowCache,
     ops: &'a mut OpCache,
+    /// What the transaction holds; a row outside it is locked only if free at once.
+    held: &'a mut Held,
+}
+
+/// The operations the transaction changed so far, as the flush statements' arrays.
+struct DirtyOperations {
+    tenants: Vec<String>,
+    keys: Vec<String>,
+    states: Vec<&'static str>,
+    workers: Vec<Option<String>>,
+    records: Vec<String>,
+}
+
+impl DirtyOperations {
+    fn take(ops: &mut OpCache) -> Result<Self, StoreError> {
+        let dirty = ops.take_dirty();
+        let mut out = DirtyOperations {
+            tenants: Vec::with_capacity(dirty.len()),
+            keys: Vec::with_capacity(dirty.len()),
+            states: Vec::with_capacity(dirty.len()),
+            workers: Vec::with_capacity(dirty.len()),
+            records: Vec::with_capacity(dirty.len()),
+        };
+        for op in dirty {
+            out.records.push(serde_json::to_string(&op)?);
+            out.states.push(op.state.as_str());
+            out.tenants.push(op.tenant);
+            out.keys.push(op.key);
+            out.workers.push(op.worker);
+        }
+        Ok(out)
+    }
 }
 
 /// Writes the operations the transaction changed so far, in one statement.
 fn flush_operations(
-    tx: &mut Transaction<'_>,
+    client: &mut Client,
     st: &HashMap<&'static str, Statement>,
     ops: &mut OpCache,
 ) -> Result<(), StoreError> {
-    let dirty = ops.take_dirty();
-    if dirty.is_empty() {
+    let d = DirtyOperations::take(ops)?;
+    if d.tenants.is_empty() {
         return Ok(());
     }
-    let mut records = Vec::with_capacity(dirty.len());
-    for op in &dirty {
-        records.push(serde_json::to_string(op)?);
-    }
-    let tenants: Vec<&str> = dirty.iter().map(|o| o.tenant.as_str()).collect();
-    let keys: Vec<&str> = dirty.iter().map(|o| o.key.as_str()).collect();
-    let states: Vec<&str> = dirty.iter().map(|o| o.state.as_str()).collect();
-    let workers: Vec<Option<&str>> = dirty.iter().map(|o| o.worker.as_deref()).collect();
-    tx.execute(
+    client.execute(
         &st["flush_operations"],
-        &[&tenants, &keys, &states, &workers, &records],
+        &[&d.tenants, &d.keys, &d.states, &d.workers, &d.records],
     )?;
-    Ok(())
-}
-
-/// Writes what the transaction changed: operations, then buckets and slot counts, one
-/// statement each (rows in key order, so concurrent writers would lock them in one order).
-fn flush(
-    tx: &mut Transaction<'_>,
-    st: &HashMap<&'static str, Statement>,
-    rows: &mut RowCache,
-    ops: &mut OpCache,
-) -> Result<(), StoreError> {
-    flush_operations(tx, st, ops)?;
-    let flush = rows.take_flush();
-    if !flush.buckets.is_empty() {
-        let names: Vec<&str> = flush.buckets.iter().map(|(n, _)| n.as_str()).collect();
-        let balances: Vec<i64> = flush.buckets.iter().map(|(_, s)| s.balance_micro).collect();
-        let updated: Vec<i64> = flush.buckets.iter().map(|(_, s)| s.updated_ms).collect();
-        tx.execute(&st["flush_buckets"], &[&names, &balances, &updated])?;
-    }
-    if !flush.slots.is_empty() {
-        let scopes: Vec<&str> = flush.slots.iter().map(|(s, _)| s.as_str()).collect();
-        let in_use: Vec<i64> = flush.slots.iter().map(|(_, n)| i64::from(*n)).collect();
-        tx.execute(&st["flush_slots"], &[&scopes, &in_use])?;
-    }
     Ok(())
 }
 
@@ -418,18 +518,55 @@ fn job(r: &Row) -> QueuedJob {
     }
 }
 
-impl PgTx<'_, '_> {
+impl PgTx<'_> {
     fn opt(
         &mut self,
         name: &str,
         params: &[&(dyn postgres::types::ToSql + Sync)],
     ) -> Result<Option<Row>, StoreError> {
-        Ok(self.tx.query_opt(&self.st[name], params)?)
+        Ok(self.client.query_opt(&self.st[name], params)?)
+    }
+
+    fn exec(
+        &mut self,
+        name: &str,
+        params: &[&(dyn postgres::types::ToSql + Sync)],
+    ) -> Result<u64, StoreError> {
+        Ok(self.client.execute(&self.st[name], params)?)
+    }
+
+    /// Holds `row`'s lock: already held, or taken now if it is free at once (never a wait
+    /// out of order); [`StoreError::Contended`] when another replica holds it.
+    fn need(&mut self, row: RowLock) -> Result<(), StoreError> {
+        let Held::Shared(held) = &mut *self.held else {
+            return Ok(());
+        };
+        if held.contains(&row) {
+            return Ok(());
+        }
+        let (a, b) = row.keys();
+        let got: bool = self
+            .client
+            .query_one(&self.st["try_lock"], &[&a, &b])?
+            .get(0);
+        if !got {
+            return Err(StoreError::Contended);
+        }
+        held.insert(row);
+        Ok(())
+    }
+
+    /// Holds the whole store: what reaches beyond named rows runs only alone.
+    fn need_store(&mut self) -> Result<(), StoreError> {
+        match self.held {
+            Held::Exclusive => Ok(()),
+            Held::Shared(_) => Err(StoreError::Contended),
+        }
     }
 
     /// Writes the cached operations before a statement that reads the table.
     fn flush_operations(&mut self) -> Result<(), StoreError> {
-        flush_operations(self.tx, self.st, self.ops)
+        flush_operations(self.client, self.st, self.ops)
     }
 
     /// A page of operations by the statement `name` (after a tenant and key, at most `limit`).
@@ -439,35 +576,30 @@ impl PgTx<'_, '_> {
         after: Option<(&str, &str)>,
         limit: u32,
     ) -> Result<Vec<Operation>, StoreError> {
+        self.need_store()?;
+        self.flush_operations()?;
         let (tenant, key) = after.unwrap_or(("", ""));
         let rows = self
-            .tx
+            .client
             .query(&self.st[name], &[&tenant, &key, &i64::from(limit)])?;
-        rows.iter()
-            .map(|r| {
-                Ok(Operation::from_record(
-                    r.get(0),
-                    r.get(1),
-                    r.get::<_, &str>(2),
-                )?)
-            })
-            .collect()
-    }
-
-    fn exec(
-        &mut self,
-        name: &str,
-        params: &[&(dyn postgres::types::ToSql + Sync)],
-    ) -> Result<u64, StoreError> {
-        Ok(self.tx.execute(&self.st[name], params)?)
+        rows.iter().map(operation).collect()
     }
 }
 
-impl Tx for PgTx<'_, '_> {
+fn operation(r: &Row) -> Result<Operation, StoreError> {
+    Ok(Operation::from_record(
+        r.get(0),
+        r.get(1),
+        r.get::<_, &str>(2),
+    )?)
+}
+
+impl Tx for PgTx<'_> {
     fn bucket(&mut self, name: &str) -> Result<Option<bucket::State>, StoreError> {
         if let Some(s) = self.rows.bucket(name) {
             return Ok(s);
         }
+        self.need(RowLock::of("bucket", name))?;
         let s = self.opt("bucket", &[&name])?.map(|r| bucket::State {
             balance_micro: r.get(0),
             updated_ms: r.get(1),
@@ -476,6 +608,7 @@ impl Tx for PgTx<'_, '_> {
         Ok(s)
     }
     fn set_bucket(&mut self, name: &str, s: bucket::State) -> Result<(), StoreError> {
+        self.need(RowLock::of("bucket", name))?;
         self.rows.set_bucket(name, s);
         Ok(())
     }
@@ -483,6 +616,7 @@ impl Tx for PgTx<'_, '_> {
         if let Some(n) = self.rows.slots(scope) {
             return Ok(n);
         }
+        self.need(RowLock::of("slots", scope))?;
         let n = self
             .opt("slots", &[&scope])?
             .map_or(0, |r| r.get::<_, i64>(0) as u32);
@@ -490,76 +624,25 @@ impl Tx for PgTx<'_, '_> {
         Ok(n)
     }
     fn set_slots_in_use(&mut self, scope: &str, in_use: u32) -> Result<(), StoreError> {
+        self.need(RowLock::of("slots", scope))?;
         self.rows.set_slots(scope, in_use);
         Ok(())
     }
+    /// Reads the hint's rows in one statement. The transaction holds them already (their
+    /// locks or the whole store), so what is read stays true until the commit.
     fn prefetch(&mut self, hint: &Prefetch) -> Result<(), StoreError> {
-        let buckets: Vec<&str> = hint
-            .buckets
-            .iter()
-            .filter(|n| self.rows.bucket(n).is_none())
-            .map(String::as_str)
-            .collect();
-        if !buckets.is_empty() {
-            let found = self.tx.query(&self.st["prefetch_buckets"], &[&buckets])?;
-            let mut states: HashMap<String, bucket::State> = found
-                .iter()
-                .map(|r| {
-                    let state = bucket::State {
-                        balance_micro: r.get(1),
-                        updated_ms: r.get(2),
-                    };
-                    (r.get::<_, String>(0), state)
-                })
-                .collect();
-            for name in buckets {
-                self.rows.bucket_read(name, states.remove(name));
-            }
-        }
-        let slots: Vec<&str> = hint
-            .slots
-            .iter()
-            .filter(|s| self.rows.slots(s).is_none())
-            .map(String::as_str)
-            .collect();
-        if !slots.is_empty() {
-            let found = self.tx.query(&self.st["prefetch_slots"], &[&slots])?;
-            let mut in_use: HashMap<String, u32> = found
-                .iter()
-                .map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1) as u32))
-                .collect();
-            for scope in slots {
-                self.rows
-                    .slots_read(scope, in_use.remove(scope).unwrap_or(0));
-            }
-        }
-        let wanted: Vec<&(String, String)> = hint
-            .operations
-            .iter()
-            .filter(|(t, k)| self.ops.get(t, k).is_none())
-            .collect();
-        if !wanted.is_empty() {
-            let tenants: Vec<&str> = wanted.iter().map(|(t, _)| t.as_str()).collect();
-            let keys: Vec<&str> = wanted.iter().map(|(_, k)| k.as_str()).collect();
-            let found = self
-                .tx
-                .query(&self.st["prefetch_operations"], &[&tenants, &keys])?;
-            let mut ops: HashMap<(String, String), Operation> = HashMap::new();
-            for r in &found {
-                let op = Operation::from_record(r.get(0), r.get(1), r.get::<_, &str>(2))?;
-                ops.insert((op.tenant.clone(), op.key.clone()), op);
-            }
-            for (t, k) in wanted {
-                let op = ops.remove(&(t.clone(), k.clone()));
-                self.ops.read(t, k, op);
-            }
-        }
-        Ok(())
+        Wanted::of(hint, self.rows, self.ops).read(
+            self.client,
+            &self.st["prefetch"],
+            self.rows,
+            self.ops,
+        )
     }
     fn operation(&mut self, tenant: &str, key: &str) -> Result<Option<Operation>, StoreError> {
         if let Some(op) = self.ops.get(tenant, key) {
             return Ok(op);
         }
+        self.need(RowLock::operation(tenant, key))?;
         let op = match self.opt("operation", &[&tenant, &key])? {
             Some(r) => Some(Operation::from_record(
                 tenant.to_string(),
@@ -572,28 +655,21 @@ impl Tx for PgTx<'_, '_> {
         Ok(op)
     }
     fn put_operation(&mut self, op: &Operation) -> Result<(), StoreError> {
+        self.need(RowLock::operation(&op.tenant, &op.key))?;
         self.ops.put(op);
         Ok(())
     }
     fn operations(&mut self) -> Result<Vec<Operation>, StoreError> {
+        self.need_store()?;
         self.flush_operations()?;
-        let rows = self.tx.query(&self.st["operations"], &[])?;
-        rows.iter()
-            .map(|r| {
-                Ok(Operation::from_record(
-                    r.get(0),
-                    r.get(1),
-                    r.get::<_, &str>(2),
-                )?)
-            })
-            .collect()
+        let rows = self.client.query(&self.st["operations"], &[])?;
+        rows.iter().map(operation).collect()
     }
     fn operations_after(
         &mut self,
         after: Option<(&str, &str)>,
         limit: u32,
     ) -> Result<Vec<Operation>, StoreError> {
-        self.flush_operations()?;
         self.page("operations_after", after, limit)
     }
     fn unknown_operations_after(
@@ -601,32 +677,36 @@ impl Tx for PgTx<'_, '_> {
         after: Option<(&str, &str)>,
         limit: u32,
     ) -> Result<Vec<Operation>, StoreError> {
-        self.flush_operations()?;
         self.page("unknown_after", after, limit)
     }
     fn rename_worker(&mut self, from: &str, to: &str) -> Result<u64, StoreError> {
+        self.need_store()?;
         self.flush_operations()?;
         // Cached copies would carry the old name: read them again.
         *self.ops = OpCache::default();
         self.exec("rename_worker", &[&from, &to])
     }
     fn delete_operation(&mut self, tenant: &str, key: &str) -> Result<(), StoreError> {
+        self.need_store()?;
         self.flush_operations()?;
         self.exec("delete_operation", &[&tenant, &key])?;
         self.ops.deleted(tenant, key);
         Ok(())
     }
     fn count_unknown(&mut self) -> Result<u64, StoreError> {
+        self.need_store()?;
         self.flush_operations()?;
         let row = self.opt("count_unknown", &[])?;
         Ok(row.map_or(0, |r| r.get::<_, i64>(0)) as u64)
     }
     fn unfinished_claims(&mut self, worker: &str) -> Result<u32, StoreError> {
+        self.need_store()?;
         self.flush_operations()?;
         Ok(self
             .opt("unfinished", &[&worker])?
             .map_or(0, |r| r.get::<_, i64>(0) as u32))
     }
+    /// Meta rows are written only with the store held whole, so any transaction reads them.
     fn meta(&mut self, name: &str) -> Result<Option<String>, StoreError> {
         if let Some(v) = self.rows.meta(name) {
             return Ok(v);
@@ -636,11 +716,13 @@ impl Tx for PgTx<'_, '_> {
         Ok(v)
     }
     fn set_meta(&mut self, name: &str, value: &str) -> Result<(), StoreError> {
+        self.need_store()?;
         self.exec("set_meta", &[&name, &value])?;
         self.rows.meta_written(name, value);
         Ok(())
     }
     fn enqueue(&mut self, j: &QueuedJob) -> Result<(), StoreError> {
+        self.need(RowLock::of("queue", &j.tenant))?;
         self.exec(
             "enqueue",
             &[
@@ -655,6 +737,7 @@ impl Tx for PgTx<'_, '_> {
         self.exec("depth_up", &[&j.tenant]).map(drop)
     }
     fn dequeue(&mut self, tenant: &str, key: &str) -> Result<(), StoreError> {
+        self.need(RowLock::of("queue", tenant))?;
         let removed = self.exec("dequeue", &[&tenant, &key])?;
         if removed > 0 {
             self.exec("depth_down", &[&tenant, &(removed as i64)])?;
@@ -662,6 +745,7 @@ impl Tx for PgTx<'_, '_> {
         Ok(())
     }
     fn queue_depth(&mut self, tenant: &str) -> Result<u32, StoreError> {
+        self.need(RowLock::of("queue", tenant))?;
         Ok(self
             .opt("depth", &[&tenant])?
             .map_or(0, |r| r.get::<_, i64>(0) as u32))
@@ -672,6 +756,7 @@ impl Tx for PgTx<'_, '_> {
         band: Priority,
         now_ms: i64,
     ) -> Result<Option<QueuedJob>, StoreError> {
+        self.need_store()?;
         Ok(self
             .opt("ready_head", &[&tenant, &now_ms, &band.rank()])?
             .map(|r| job(&r)))
@@ -681,6 +766,7 @@ impl Tx for PgTx<'_, '_> {
         band: Priority,
         after: Option<&str>,
     ) -> Result<Option<String>, StoreError> {
+        self.need_store()?;
         let row = match after {
             Some(after) => self.opt("next_after", &[&after, &band.rank()])?,
             None => self.opt("next_first", &[&band.rank()])?,
@@ -693,28 +779,32 @@ impl Tx for PgTx<'_, '_> {
             .map(|r| r.get::<_, Vec<u8>>(0)))
     }
     fn put_policy_component(&mut self, digest: &str, bytes: &[u8]) -> Result<(), StoreError> {
+        self.need_store()?;
         self.exec("put_policy_component", &[&digest, &bytes])
             .map(drop)
     }
     fn written_tenants(&mut self) -> Result<Vec<(String, String)>, StoreError> {
-        let rows = self.tx.query(&self.st["written_tenants"], &[])?;
+        let rows = self.client.query(&self.st["written_tenants"], &[])?;
         Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
     }
     fn put_written_tenant(&mut self, name: &str, written: &str) -> Result<(), StoreError> {
+        self.need_store()?;
         self.exec("put_written_tenant", &[&name, &written])
             .map(drop)
     }
     fn delete_written_tenant(&mut self, name: &str) -> Result<bool, StoreError> {
+        self.need_store()?;
         Ok(self.exec("delete_written_tenant", &[&name])? > 0)
     }
     fn tenant_has_work(&mut self, tenant: &str) -> Result<bool, StoreError> {
+        self.need_store()?;
         self.flush_operations()?;
         Ok(self
             .opt("tenant_has_work", &[&tenant])?
             .is_some_and(|r| r.get::<_, bool>(0)))
     }
     fn api_keys(&mut self) -> Result<Vec<StoredKey>, StoreError> {
-        let rows = self.tx.query(&self.st["api_keys"], &[])?;
+        let rows = self.client.query(&self.st["api_keys"], &[])?;
         Ok(rows
             .iter()
             .map(|r| StoredKey {
@@ -726,6 +816,7 @@ impl Tx for PgTx<'_, '_> {
             .collect())
     }
     fn put_api_key(&mut self, key: &StoredKey) -> Result<(), StoreError> {
+        self.need_store()?;
         self.exec(
             "put_api_key",
             &[&key.id, &key.sha256, &key.role, &key.subject],
@@ -733,31 +824,37 @@ impl Tx for PgTx<'_, '_> {
         .map(drop)
     }
     fn delete_api_key(&mut self, id: &str) -> Result<bool, StoreError> {
+        self.need_store()?;
         Ok(self.exec("delete_api_key", &[&id])? > 0)
     }
     fn retain_policy_components(&mut self, keep: [&str; 3]) -> Result<(), StoreError> {
+        self.need_store()?;
         self.exec("retain_policy_components", &[&keep[0], &keep[1], &keep[2]])
             .map(drop)
     }
     fn band_has_jobs(&mut self, tenant: &str, band: Priority) -> Result<bool, StoreError> {
+        self.need_store()?;
         Ok(self
             .opt("band_has_jobs", &[&tenant, &band.rank()])?
             .is_some_and(|r| r.get::<_, bool>(0)))
     }
     fn infeasible(&mut self, now_ms: i64) -> Result<Vec<QueuedJob>, StoreError> {
+        self.need_store()?;
         Ok(self
-            .tx
+            .client
             .query(&self.st["infeasible"], &[&now_ms])?
             .iter()
             .map(job)
             .collect())
     }
     fn deficit(&mut self, tenant: &str) -> Result<u64, StoreError> {
+        self.need_store()?;
         Ok(self
             .opt("deficit", &[&tenant])?
             .map_or(0, |r| r.get::<_, i64>(0) as u64))
     }
     fn set_deficit(&mut self, tenant: &str, deficit: u64) -> Result<(), StoreError> {
+        self.need_store()?;
         self.exec(
             "set_deficit",
             &[&tenant, &(deficit.min(i64::MAX as u64) as i64)],
