@@ -630,3 +630,33 @@ fn batches_of_two_replicas_lock_rows_not_the_store_and_lose_no_update() {
     assert_eq!(calls, 2, "the unnamed batch ran again once, alone");
     assert_eq!(balance(&mut store), 2 * 150 * 2 + 2);
 }
+
+#[test]
+#[ignore = "needs PostgreSQL: .ci/run starts one and runs this with --ignored"]
+fn a_batch_reads_the_databases_clock_once_with_its_rows() {
+    use tollgate::store::{Prefetch, Store};
+    let db = Database::create("clock");
+    let mut store = tollgate::store::PgStore::open(&db.url()).unwrap();
+    let hint = Prefetch {
+        complete: true,
+        ..Prefetch::default()
+    };
+    let before = now_ms();
+    let seen = store
+        .transaction_batch(3, &hint, |_, tx| {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+            tx.store_now_ms()
+        })
+        .unwrap();
+    let seen: Vec<i64> = seen.into_iter().map(|t| t.unwrap().unwrap()).collect();
+    assert!(
+        seen.iter().all(|t| *t == seen[0]),
+        "one time for the batch: {seen:?}"
+    );
+    // The test and the database share this machine's clock.
+    assert!(
+        (seen[0] - before).abs() < 2_000,
+        "{} against {before}",
+        seen[0]
+    );
+}

@@ -131,23 +131,11 @@ impl Writer {
                     if batch.is_empty() {
                         continue;
                     }
-                    let (mut jobs, replies): (Vec<Job>, Vec<Reply>) = batch.into_iter().unzip();
-                    // Replicas on a shared store all use its clock, so that skewed machine
-                    // clocks cannot mint credits.
-                    // A clock that cannot be read refuses the batch: falling back to this
-                    // machine's clock would let a skewed replica mint credits.
-                    match engine.store_clock_ms() {
-                        Ok(Some(now)) => jobs.iter_mut().for_each(|j| j.set_now(now)),
-                        Ok(None) => {}
-                        Err(e) => {
-                            let failure = Failure::of(&e);
-                            tracing::warn!(error = %e, "the store's clock could not be read");
-                            deliver(replies, jobs.iter().map(|_| Err(failure.clone())).collect());
-                            continue;
-                        }
-                    }
+                    // Replicas on a shared store all use its clock, read in the batch's
+                    // transaction, so that skewed machine clocks cannot mint credits.
+                    let (jobs, replies): (Vec<Job>, Vec<Reply>) = batch.into_iter().unzip();
                     let started = std::time::Instant::now();
-                    let result = engine.run_batch(&jobs);
+                    let result = engine.run_batch_at_store_time(&jobs);
                     metrics.batch_jobs.observe(jobs.len() as f64);
                     metrics
                         .batch_seconds

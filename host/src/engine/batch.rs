@@ -128,21 +128,6 @@ impl Job {
             | Job::Levels { .. } => None,
         }
     }
-
-    /// Sets the job's logical time (a shared store's clock replaces the caller's).
-    pub fn set_now(&mut self, now: i64) {
-        match self {
-            Job::Admit { now_ms, .. }
-            | Job::AdmitWithLevels { now_ms, .. }
-            | Job::Complete { now_ms, .. }
-            | Job::Reconcile { now_ms, .. }
-            | Job::Dispatch { now_ms, .. }
-            | Job::Inspect { now_ms, .. }
-            | Job::TenantLevels { now_ms, .. }
-            | Job::Levels { now_ms } => *now_ms = now,
-            Job::SetDownstream { .. } | Job::Operation { .. } | Job::Operations { .. } => {}
-        }
-    }
 }
 
 impl<S: Store> Engine<S> {
@@ -234,54 +219,76 @@ impl<S: Store> Engine<S> {
     }
 
     /// Runs `jobs` in one store transaction, each all or nothing on its own, and answers
-    /// each. Nothing is answered before the transaction commits.
+    /// each, at the times the jobs carry. Nothing is answered before the transaction commits.
     pub fn run_batch(&self, jobs: &[Job]) -> Result<Vec<Result<Answer, StoreError>>, StoreError> {
+        self.run_batch_with(jobs, false)
+    }
+
+    /// As [`Engine::run_batch`], at the shared store's clock when it has one (read inside
+    /// the transaction, after its locks), so that replicas with skewed clocks cannot mint
+    /// credits; a clock that cannot be read fails the batch rather than fall back to this
+    /// machine's. A store owned by one process keeps the jobs' times.
+    pub fn run_batch_at_store_time(
+        &self,
+        jobs: &[Job],
+    ) -> Result<Vec<Result<Answer, StoreError>>, StoreError> {
+        self.run_batch_with(jobs, true)
+    }
+
+    fn run_batch_with(
+        &self,
+        jobs: &[Job],
+        store_time: bool,
+    ) -> Result<Vec<Result<Answer, StoreError>>, StoreError> {
         let policy = self.active_policy();
         let hint = self.prefetch_hint(jobs);
         let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
         store.transaction_batch(jobs.len(), &hint, |i, tx| {
+            // A shared store's clock, read inside the transaction, is every replica's.
+            let store_now = if store_time { tx.store_now_ms()? } else { None };
+            let at = |now_ms: &i64| store_now.unwrap_or(*now_ms);
             Ok(match &jobs[i] {
                 Job::Admit { request, now_ms } => {
-                    Answer::Decision(self.admit_in(tx, policy.as_ref(), request, *now_ms)?)
+                    Answer::Decision(self.admit_in(tx, policy.as_ref(), request, at(now_ms))?)
                 }
                 Job::Complete { completion, now_ms } => Answer::Completion(self.complete_in(
                     tx,
                     policy.as_ref(),
                     completion,
-                    *now_ms,
+                    at(now_ms),
                 )?),
                 Job::Reconcile {
                     reconciliation,
                     now_ms,
-                } => Answer::Completion(self.reconcile_in(tx, reconciliation, *now_ms)?),
+                } => Answer::Completion(self.reconcile_in(tx, reconciliation, at(now_ms))?),
                 Job::Dispatch {
                     worker,
                     count,
                     now_ms,
-                } => Answer::Dispatch(self.dispatch_in(tx, worker, *count, *now_ms)?),
+                } => Answer::Dispatch(self.dispatch_in(tx, worker, *count, at(now_ms))?),
                 Job::SetDownstream { available } => {
                     tx.set_meta(DOWNSTREAM, if *available { "1" } else { "0" })?;
                     Answer::Done
                 }
                 Job::AdmitWithLevels { request, now_ms } => {
-                    let decision = self.admit_in(tx, policy.as_ref(), request, *now_ms)?;
-                    let levels = self.tenant_levels_in(tx, &request.tenant, *now_ms)?;
+                    let decision = self.admit_in(tx, policy.as_ref(), request, at(now_ms))?;
+                    let levels = self.tenant_levels_in(tx, &request.tenant, at(now_ms))?;
                     Answer::DecisionWithLevels(decision, levels)
                 }
                 Job::TenantLevels { tenant, now_ms } => {
-                    Answer::TenantLevels(self.tenant_levels_in(tx, tenant, *now_ms)?)
+                    Answer::TenantLevels(self.tenant_levels_in(tx, tenant, at(now_ms))?)
                 }
                 Job::Operation { tenant, key } => {
                     Answer::Operation(tx.operation(tenant, key)?.as_ref().map(OperationView::of))
                 }
                 Job::Inspect { now_ms, page } => {
-                    Answer::Inspection(Box::new(self.inspect_in(tx, *now_ms, Some(page))?))
+                    Answer::Inspection(Box::new(self.inspect_in(tx, at(now_ms), Some(page))?))
                 }
                 Job::Operations { state, page } => {
                     Answer::Operations(super::housekeeping::page_in(tx, *state, page)?)
                 }
                 Job::Levels { now_ms } => {
-                    Answer::Inspection(Box::new(self.inspect_in(tx, *now_ms, None)?))
+                    Answer::Inspection(Box::new(self.inspect_in(tx, at(now_ms), None)?))
                 }
             })
         })

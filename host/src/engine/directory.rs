@@ -252,7 +252,7 @@ impl<S: Store> Engine<S> {
     /// its tenants and keys become this engine's. Whether anything changed.
     pub fn sync_directory(&self) -> Result<bool, DirectoryError> {
         let seen = self.directory_generation.load(Ordering::SeqCst);
-        let generation = self.transaction(|tx| {
+        let generation = self.read(|tx| {
             Ok(tx
                 .meta(GENERATION)?
                 .and_then(|g| g.parse::<i64>().ok())

@@ -213,7 +213,7 @@ impl<S: Store> Engine<S> {
     pub fn sync_policy(&self) -> Result<Option<PolicyIdentity>, SwapError> {
         let seen = self.policy_generation.load(Ordering::SeqCst);
         let current = self.active_policy().digest().to_string();
-        let (state, bytes) = self.transaction(|tx| {
+        let (state, bytes) = self.read(|tx| {
             let state = read_state(tx)?;
             let bytes = match &state.active {
                 Some(d) if state.generation != seen && *d != current => tx.policy_component(d)?,

@@ -247,6 +247,11 @@ pub trait Tx {
     fn prefetch(&mut self, _hint: &Prefetch) -> Result<(), StoreError> {
         Ok(())
     }
+    /// The shared store's clock in Unix ms as this transaction read it (after its locks),
+    /// the one clock of every replica; `None` for a store owned by one process.
+    fn store_now_ms(&mut self) -> Result<Option<i64>, StoreError> {
+        Ok(None)
+    }
     /// A bucket's balance, if it was ever written.
     fn bucket(&mut self, name: &str) -> Result<Option<bucket::State>, StoreError>;
     /// Writes a bucket's balance.

@@ -46,13 +46,6 @@ impl<'h> Wanted<'h> {
         }
     }
 
-    pub(super) fn is_empty(&self) -> bool {
-        self.buckets.is_empty()
-            && self.slots.is_empty()
-            && self.operations.is_empty()
-            && self.meta.is_empty()
-    }
-
     /// Puts what `found` holds (absence included) into the caches.
     fn fill(self, mut found: Found, rows: &mut RowCache, ops: &mut OpCache) {
         for name in self.buckets {
@@ -70,25 +63,27 @@ impl<'h> Wanted<'h> {
     }
 
     /// Reads the wanted rows with `prefetch` (buckets, slot counts, operations and meta
-    /// values, one row each, tagged by kind) and puts them, absence included, into the caches.
+    /// values, one row each, tagged by kind) and puts them, absence included, into the caches;
+    /// answers the database's clock, read by the same statement.
     pub(super) fn read(
         self,
         client: &mut Client,
         prefetch: &Statement,
         rows: &mut RowCache,
         ops: &mut OpCache,
-    ) -> Result<(), StoreError> {
-        if self.is_empty() {
-            return Ok(());
-        }
+    ) -> Result<i64, StoreError> {
         let tenants: Vec<&str> = self.operations.iter().map(|(t, _)| t.as_str()).collect();
         let keys: Vec<&str> = self.operations.iter().map(|(_, k)| k.as_str()).collect();
         let answer = client.query(
             prefetch,
             &[&self.buckets, &self.slots, &tenants, &keys, &self.meta],
         )?;
-        self.fill(Found::of(&answer)?, rows, ops);
-        Ok(())
+        let found = Found::of(&answer)?;
+        let now_ms = found
+            .now_ms
+            .ok_or_else(|| StoreError::Schema("the database's clock was not read".into()))?;
+        self.fill(found, rows, ops);
+        Ok(now_ms)
     }
 }
 
@@ -99,6 +94,7 @@ struct Found {
     slots: std::collections::HashMap<String, u32>,
     operations: std::collections::HashMap<(String, String), Operation>,
     meta: std::collections::HashMap<String, String>,
+    now_ms: Option<i64>,
 }
 
 impl Found {
@@ -124,9 +120,10 @@ impl Found {
                         Operation::from_record(name.clone(), key.clone(), r.get::<_, &str>(5))?;
                     found.operations.insert((name, key), op);
                 }
-                _ => {
+                3 => {
                     found.meta.insert(name, r.get(5));
                 }
+                _ => found.now_ms = Some(r.get(3)),
             }
         }
         Ok(found)

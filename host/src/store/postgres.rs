@@ -39,7 +39,9 @@ const STATEMENTS: &[(&str, &str)] = &[
         UNION ALL SELECT 2::int2, tenant, key, NULL::bigint, NULL::bigint, record
             FROM operations WHERE tenant = ANY($3) AND key = ANY($4)
         UNION ALL SELECT 3::int2, name, NULL::text, NULL::bigint, NULL::bigint, value
-            FROM meta WHERE name = ANY($5)"),
+            FROM meta WHERE name = ANY($5)
+        UNION ALL SELECT 4::int2, '', NULL::text,
+            (extract(epoch FROM clock_timestamp()) * 1000)::bigint, NULL::bigint, NULL::text"),
     ("flush", "WITH o AS (INSERT INTO operations (tenant, key, state, worker, record)
             SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[])
             ON CONFLICT (tenant, key) DO UPDATE SET state = EXCLUDED.state,
@@ -307,6 +309,7 @@ impl Store for PgStore {
                 rows: &mut rows,
                 ops: &mut ops,
                 held: &mut held,
+                now_ms: None,
             });
             if result.is_ok() {
                 open.commit(&self.statements["flush"], &mut rows, &mut ops)?;
@@ -404,7 +407,8 @@ impl PgStore {
         // Begin and lock in one round trip, then read the hint's rows in one statement.
         let (begin, mut held) = batch_locks(hint, exclusive);
         let open = Open::begin(&mut self.client, &begin)?;
-        Wanted::of(hint, &rows, &ops).read(
+        // The database's clock comes with them, read after the locks were granted.
+        let now_ms = Wanted::of(hint, &rows, &ops).read(
             open.client,
             &self.statements["prefetch"],
             &mut rows,
@@ -417,6 +421,7 @@ impl PgStore {
             rows: &mut rows,
             ops: &mut ops,
             held: &mut held,
+            now_ms: Some(now_ms),
         };
         for i in 0..n {
             if savepoints {
@@ -458,6 +463,8 @@ struct PgTx<'a> {
     ops: &'a mut OpCache,
     /// What the transaction holds; a row outside it is locked only if free at once.
     held: &'a mut Held,
+    /// The database's clock, once read in this transaction.
+    now_ms: Option<i64>,
 }
 
 /// The operations the transaction changed so far, as the flush statements' arrays.
@@ -631,12 +638,20 @@ impl Tx for PgTx<'_> {
     /// Reads the hint's rows in one statement. The transaction holds them already (their
     /// locks or the whole store), so what is read stays true until the commit.
     fn prefetch(&mut self, hint: &Prefetch) -> Result<(), StoreError> {
-        Wanted::of(hint, self.rows, self.ops).read(
+        let now_ms = Wanted::of(hint, self.rows, self.ops).read(
             self.client,
             &self.st["prefetch"],
             self.rows,
             self.ops,
-        )
+        )?;
+        self.now_ms.get_or_insert(now_ms);
+        Ok(())
+    }
+    fn store_now_ms(&mut self) -> Result<Option<i64>, StoreError> {
+        if self.now_ms.is_none() {
+            self.now_ms = Some(self.client.query_one(&self.st["clock"], &[])?.get(0));
+        }
+        Ok(self.now_ms)
     }
     fn operation(&mut self, tenant: &str, key: &str) -> Result<Option<Operation>, StoreError> {
         if let Some(op) = self.ops.get(tenant, key) {
