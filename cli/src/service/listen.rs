@@ -3,7 +3,8 @@
 //! oldest connection (of that address, for its bound) that has not yet finished sending a
 //! request head is shed to make room: a client holding connections open with half a head
 //! each cannot keep everyone else out. When every connection has sent one, a new connection
-//! waits until a place is free, or is closed at once past its address's bound. A listener error that is not about one
+//! waits until a place is free, or, past an address bound below the whole one, is closed at
+//! once (one address may not make the others wait). A listener error that is not about one
 //! connection (no file descriptor left, say) pauses accepting for a moment: retrying at once
 //! would find the same error, spin a core and fill the log, which is exactly what a client
 //! holding many connections wants.
@@ -110,7 +111,13 @@ impl Acceptor {
             places: Arc::new(Semaphore::new(max_connections.max(1))),
             open,
             errors: ErrorReport::default(),
-            per_address: per_address.max(1),
+            // An address bound no lower than the whole one adds nothing: its connections
+            // wait for a place like everyone's.
+            per_address: if per_address >= max_connections {
+                usize::MAX
+            } else {
+                per_address.max(1)
+            },
             registry: Arc::default(),
             next_id: 0,
         }
