@@ -134,7 +134,8 @@ async fn admit(
                 503,
                 "store_unavailable",
                 "the store is unavailable; retry shortly",
-            ))
+            )
+            .retry_after(crate::service::STORE_RETRY_AFTER_MS))
         }
         Err(e) => {
             tracing::error!(error = %e, "store failure");

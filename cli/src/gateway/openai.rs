@@ -15,6 +15,8 @@ pub struct ApiError {
     status: u16,
     code: String,
     message: String,
+    /// When waiting cures it: how long, for `Retry-After` and the SDKs' own retry loops.
+    retry_after_ms: Option<u64>,
 }
 
 impl ApiError {
@@ -24,13 +26,31 @@ impl ApiError {
             status,
             code: code.into(),
             message: message.into(),
+            retry_after_ms: None,
+        }
+    }
+
+    /// The same error, cured by waiting `ms`: answered with `Retry-After`, `retry-after-ms`
+    /// and the reason in `x-tollgate-reason`.
+    pub fn retry_after(self, ms: u64) -> Self {
+        ApiError {
+            retry_after_ms: Some(ms),
+            ..self
         }
     }
 }
 
 impl axum::response::IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        error(self.status, &self.code, &self.message)
+        let mut response = error(self.status, &self.code, &self.message);
+        if let Some(ms) = self.retry_after_ms {
+            let headers = response.headers_mut();
+            retry_after_headers(headers, ms);
+            if let Ok(v) = HeaderValue::from_str(&self.code) {
+                headers.insert("x-tollgate-reason", v);
+            }
+        }
+        response
     }
 }
 
@@ -138,6 +158,21 @@ pub fn should_retry(headers: &mut HeaderMap, retry: bool) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_error_cured_by_waiting_says_how_long_and_why() {
+        use axum::response::IntoResponse;
+        let plain = ApiError::new(500, "internal", "store failure").into_response();
+        assert!(plain.headers().get("retry-after").is_none());
+        let r = ApiError::new(503, "store_unavailable", "retry shortly")
+            .retry_after(1500)
+            .into_response();
+        assert_eq!(r.status(), 503);
+        let h = r.headers();
+        assert_eq!(h["retry-after"], "2");
+        assert_eq!(h["retry-after-ms"], "1500");
+        assert_eq!(h["x-tollgate-reason"], "store_unavailable");
+    }
 
     #[test]
     fn durations_are_written_as_openai_writes_them() {

@@ -23,6 +23,7 @@ mod worker;
 mod writer;
 
 pub use metrics::Metrics;
+pub(crate) use operations::STORE_RETRY_AFTER_MS;
 pub use server::{build, build_with, serve, shutdown_signal, watch_policy};
 pub use tollgate::config::{ConfigFile, Role};
 pub use writer::{Failure, Writer, WRITER_THREAD};
