@@ -27,13 +27,28 @@ impl RowLock {
     /// The lock of row `name` of `kind` (`bucket`, `slots`, `op`, `queue`). FNV-1a over
     /// both, so every replica and release names a row by the same number; two rows that
     /// share a number only wait for each other, never break anything.
-    pub(super) fn of(kind: &str, name: &str) -> Self {
+    fn of(kind: &str, name: &str) -> Self {
         let mut h: u64 = 0xcbf2_9ce4_8422_2325;
         for b in kind.bytes().chain([0]).chain(name.bytes()) {
             h ^= u64::from(b);
             h = h.wrapping_mul(0x0100_0000_01b3);
         }
         RowLock(h as i64)
+    }
+
+    /// The lock of a bucket.
+    pub(super) fn bucket(name: &str) -> Self {
+        Self::of("bucket", name)
+    }
+
+    /// The lock of a scope's slot count.
+    pub(super) fn slots(scope: &str) -> Self {
+        Self::of("slots", scope)
+    }
+
+    /// The lock of a tenant's queue.
+    pub(super) fn queue(tenant: &str) -> Self {
+        Self::of("queue", tenant)
     }
 
     /// The lock of an operation.

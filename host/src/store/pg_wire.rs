@@ -8,6 +8,15 @@ use crate::bucket;
 use crate::model::Operation;
 use postgres::{Client, Row, Statement};
 
+/// The names of `names` that `missing` says are not cached yet.
+fn missing(names: &[String], missing: impl Fn(&str) -> bool) -> Vec<&str> {
+    names
+        .iter()
+        .map(String::as_str)
+        .filter(|n| missing(n))
+        .collect()
+}
+
 /// The rows of a hint that are not cached yet.
 pub(super) struct Wanted<'h> {
     pub buckets: Vec<&'h str>,
@@ -17,32 +26,17 @@ pub(super) struct Wanted<'h> {
 }
 
 impl<'h> Wanted<'h> {
-    /// `hint`'s rows that `cached` does not know yet.
+    /// `hint`'s rows that the caches do not know yet.
     pub(super) fn of(hint: &'h Prefetch, rows: &RowCache, ops: &OpCache) -> Self {
         Wanted {
-            buckets: hint
-                .buckets
-                .iter()
-                .filter(|n| rows.bucket(n).is_none())
-                .map(String::as_str)
-                .collect(),
-            slots: hint
-                .slots
-                .iter()
-                .filter(|s| rows.slots(s).is_none())
-                .map(String::as_str)
-                .collect(),
+            buckets: missing(&hint.buckets, |n| rows.bucket(n).is_none()),
+            slots: missing(&hint.slots, |s| rows.slots(s).is_none()),
             operations: hint
                 .operations
                 .iter()
                 .filter(|(t, k)| ops.get(t, k).is_none())
                 .collect(),
-            meta: hint
-                .meta
-                .iter()
-                .filter(|m| rows.meta(m).is_none())
-                .map(String::as_str)
-                .collect(),
+            meta: missing(&hint.meta, |m| rows.meta(m).is_none()),
         }
     }
 
@@ -130,24 +124,66 @@ impl Found {
     }
 }
 
-/// Writes the changed operations, buckets and slot counts with `flush`, one statement.
+/// The operations a transaction changed, as the write statements' arrays.
+struct DirtyOperations {
+    tenants: Vec<String>,
+    keys: Vec<String>,
+    states: Vec<&'static str>,
+    workers: Vec<Option<String>>,
+    records: Vec<String>,
+}
+
+impl DirtyOperations {
+    fn take(ops: &mut OpCache) -> Result<Self, StoreError> {
+        let dirty = ops.take_dirty();
+        let mut out = DirtyOperations {
+            tenants: Vec::with_capacity(dirty.len()),
+            keys: Vec::with_capacity(dirty.len()),
+            states: Vec::with_capacity(dirty.len()),
+            workers: Vec::with_capacity(dirty.len()),
+            records: Vec::with_capacity(dirty.len()),
+        };
+        for op in dirty {
+            out.records.push(serde_json::to_string(&op)?);
+            out.states.push(op.state.as_str());
+            out.tenants.push(op.tenant);
+            out.keys.push(op.key);
+            out.workers.push(op.worker);
+        }
+        Ok(out)
+    }
+}
+
+/// Writes the operations changed so far with `flush_operations`, one statement (before a
+/// statement that reads the table).
+pub(super) fn write_operations(
+    client: &mut Client,
+    flush_operations: &Statement,
+    ops: &mut OpCache,
+) -> Result<(), StoreError> {
+    let d = DirtyOperations::take(ops)?;
+    if d.tenants.is_empty() {
+        return Ok(());
+    }
+    client.execute(
+        flush_operations,
+        &[&d.tenants, &d.keys, &d.states, &d.workers, &d.records],
+    )?;
+    Ok(())
+}
+
+/// Writes every changed operation, bucket and slot count with `flush`, one statement.
 pub(super) fn write(
     client: &mut Client,
     flush: &Statement,
-    ops: &[Operation],
-    rows: &Flush,
+    ops: &mut OpCache,
+    rows: &mut RowCache,
 ) -> Result<(), StoreError> {
-    if ops.is_empty() && rows.buckets.is_empty() && rows.slots.is_empty() {
+    let d = DirtyOperations::take(ops)?;
+    let rows: Flush = rows.take_flush();
+    if d.tenants.is_empty() && rows.buckets.is_empty() && rows.slots.is_empty() {
         return Ok(());
     }
-    let mut records = Vec::with_capacity(ops.len());
-    for op in ops {
-        records.push(serde_json::to_string(op)?);
-    }
-    let tenants: Vec<&str> = ops.iter().map(|o| o.tenant.as_str()).collect();
-    let keys: Vec<&str> = ops.iter().map(|o| o.key.as_str()).collect();
-    let states: Vec<&str> = ops.iter().map(|o| o.state.as_str()).collect();
-    let workers: Vec<Option<&str>> = ops.iter().map(|o| o.worker.as_deref()).collect();
     let names: Vec<&str> = rows.buckets.iter().map(|(n, _)| n.as_str()).collect();
     let balances: Vec<i64> = rows.buckets.iter().map(|(_, s)| s.balance_micro).collect();
     let updated: Vec<i64> = rows.buckets.iter().map(|(_, s)| s.updated_ms).collect();
@@ -156,8 +192,8 @@ pub(super) fn write(
     client.execute(
         flush,
         &[
-            &tenants, &keys, &states, &workers, &records, &names, &balances, &updated, &scopes,
-            &in_use,
+            &d.tenants, &d.keys, &d.states, &d.workers, &d.records, &names, &balances, &updated,
+            &scopes, &in_use,
         ],
     )?;
     Ok(())

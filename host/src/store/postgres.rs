@@ -276,7 +276,7 @@ impl<'c> Open<'c> {
         rows: &mut RowCache,
         ops: &mut OpCache,
     ) -> Result<(), StoreError> {
-        pg_wire::write(self.client, flush, &ops.take_dirty(), &rows.take_flush())?;
+        pg_wire::write(self.client, flush, ops, rows)?;
         self.client.batch_execute("COMMIT")?;
         self.done = true;
         Ok(())
@@ -377,9 +377,9 @@ fn batch_locks(hint: &Prefetch, exclusive: bool) -> (String, Held) {
     let rows = hint
         .buckets
         .iter()
-        .map(|b| RowLock::of("bucket", b))
-        .chain(hint.slots.iter().map(|s| RowLock::of("slots", s)))
-        .chain(hint.queues.iter().map(|t| RowLock::of("queue", t)))
+        .map(|b| RowLock::bucket(b))
+        .chain(hint.slots.iter().map(|s| RowLock::slots(s)))
+        .chain(hint.queues.iter().map(|t| RowLock::queue(t)))
         .chain(
             hint.operations
                 .iter()
@@ -404,16 +404,10 @@ impl PgStore {
         // One cache for the batch: rows read once, written once before the commit.
         let mut rows = RowCache::default();
         let mut ops = OpCache::default();
-        // Begin and lock in one round trip, then read the hint's rows in one statement.
+        // Begin and lock in one round trip, then read the hint's rows in one statement, the
+        // database's clock with them, after the locks were granted.
         let (begin, mut held) = batch_locks(hint, exclusive);
         let open = Open::begin(&mut self.client, &begin)?;
-        // The database's clock comes with them, read after the locks were granted.
-        let now_ms = Wanted::of(hint, &rows, &ops).read(
-            open.client,
-            &self.statements["prefetch"],
-            &mut rows,
-            &mut ops,
-        )?;
         let mut out = Vec::with_capacity(n);
         let mut tx = PgTx {
             client: open.client,
@@ -421,8 +415,9 @@ impl PgStore {
             rows: &mut rows,
             ops: &mut ops,
             held: &mut held,
-            now_ms: Some(now_ms),
+            now_ms: None,
         };
+        tx.prefetch(hint)?;
         for i in 0..n {
             if savepoints {
                 tx.client.batch_execute("SAVEPOINT item")?;
@@ -465,53 +460,6 @@ struct PgTx<'a> {
     held: &'a mut Held,
     /// The database's clock, once read in this transaction.
     now_ms: Option<i64>,
-}
-
-/// The operations the transaction changed so far, as the flush statements' arrays.
-struct DirtyOperations {
-    tenants: Vec<String>,
-    keys: Vec<String>,
-    states: Vec<&'static str>,
-    workers: Vec<Option<String>>,
-    records: Vec<String>,
-}
-
-impl DirtyOperations {
-    fn take(ops: &mut OpCache) -> Result<Self, StoreError> {
-        let dirty = ops.take_dirty();
-        let mut out = DirtyOperations {
-            tenants: Vec::with_capacity(dirty.len()),
-            keys: Vec::with_capacity(dirty.len()),
-            states: Vec::with_capacity(dirty.len()),
-            workers: Vec::with_capacity(dirty.len()),
-            records: Vec::with_capacity(dirty.len()),
-        };
-        for op in dirty {
-            out.records.push(serde_json::to_string(&op)?);
-            out.states.push(op.state.as_str());
-            out.tenants.push(op.tenant);
-            out.keys.push(op.key);
-            out.workers.push(op.worker);
-        }
-        Ok(out)
-    }
-}
-
-/// Writes the operations the transaction changed so far, in one statement.
-fn flush_operations(
-    client: &mut Client,
-    st: &HashMap<&'static str, Statement>,
-    ops: &mut OpCache,
-) -> Result<(), StoreError> {
-    let d = DirtyOperations::take(ops)?;
-    if d.tenants.is_empty() {
-        return Ok(());
-    }
-    client.execute(
-        &st["flush_operations"],
-        &[&d.tenants, &d.keys, &d.states, &d.workers, &d.records],
-    )?;
-    Ok(())
 }
 
 fn job(r: &Row) -> QueuedJob {
@@ -573,7 +521,7 @@ impl PgTx<'_> {
 
     /// Writes the cached operations before a statement that reads the table.
     fn flush_operations(&mut self) -> Result<(), StoreError> {
-        flush_operations(self.client, self.st, self.ops)
+        pg_wire::write_operations(self.client, &self.st["flush_operations"], self.ops)
     }
 
     /// A page of operations by the statement `name` (after a tenant and key, at most `limit`).
@@ -606,7 +554,7 @@ impl Tx for PgTx<'_> {
         if let Some(s) = self.rows.bucket(name) {
             return Ok(s);
         }
-        self.need(RowLock::of("bucket", name))?;
+        self.need(RowLock::bucket(name))?;
         let s = self.opt("bucket", &[&name])?.map(|r| bucket::State {
             balance_micro: r.get(0),
             updated_ms: r.get(1),
@@ -615,7 +563,7 @@ impl Tx for PgTx<'_> {
         Ok(s)
     }
     fn set_bucket(&mut self, name: &str, s: bucket::State) -> Result<(), StoreError> {
-        self.need(RowLock::of("bucket", name))?;
+        self.need(RowLock::bucket(name))?;
         self.rows.set_bucket(name, s);
         Ok(())
     }
@@ -623,7 +571,7 @@ impl Tx for PgTx<'_> {
         if let Some(n) = self.rows.slots(scope) {
             return Ok(n);
         }
-        self.need(RowLock::of("slots", scope))?;
+        self.need(RowLock::slots(scope))?;
         let n = self
             .opt("slots", &[&scope])?
             .map_or(0, |r| r.get::<_, i64>(0) as u32);
@@ -631,7 +579,7 @@ impl Tx for PgTx<'_> {
         Ok(n)
     }
     fn set_slots_in_use(&mut self, scope: &str, in_use: u32) -> Result<(), StoreError> {
-        self.need(RowLock::of("slots", scope))?;
+        self.need(RowLock::slots(scope))?;
         self.rows.set_slots(scope, in_use);
         Ok(())
     }
@@ -737,7 +685,7 @@ impl Tx for PgTx<'_> {
         Ok(())
     }
     fn enqueue(&mut self, j: &QueuedJob) -> Result<(), StoreError> {
-        self.need(RowLock::of("queue", &j.tenant))?;
+        self.need(RowLock::queue(&j.tenant))?;
         self.exec(
             "enqueue",
             &[
@@ -752,7 +700,7 @@ impl Tx for PgTx<'_> {
         self.exec("depth_up", &[&j.tenant]).map(drop)
     }
     fn dequeue(&mut self, tenant: &str, key: &str) -> Result<(), StoreError> {
-        self.need(RowLock::of("queue", tenant))?;
+        self.need(RowLock::queue(tenant))?;
         let removed = self.exec("dequeue", &[&tenant, &key])?;
         if removed > 0 {
             self.exec("depth_down", &[&tenant, &(removed as i64)])?;
@@ -760,7 +708,7 @@ impl Tx for PgTx<'_> {
         Ok(())
     }
     fn queue_depth(&mut self, tenant: &str) -> Result<u32, StoreError> {
-        self.need(RowLock::of("queue", tenant))?;
+        self.need(RowLock::queue(tenant))?;
         Ok(self
             .opt("depth", &[&tenant])?
             .map_or(0, |r| r.get::<_, i64>(0) as u32))
