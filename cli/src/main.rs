@@ -1,6 +1,7 @@
 //! The `tollgate` command line: one module per subcommand under `cli/`.
 
 mod commands;
+mod report;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -53,6 +54,9 @@ enum Command {
         #[command(subcommand)]
         command: commands::directory::KeysCommand,
     },
+    /// Simulate load, provider and callers through the real engine in logical time, and
+    /// write a summary, plots and a report (docs/simulation.md).
+    Simulate(commands::simulate::SimulateArgs),
     /// Policy components: list, check, and swap or roll back on a running server.
     Policy {
         #[command(subcommand)]
@@ -68,6 +72,7 @@ fn main() -> ExitCode {
         Command::Queue { engine } => commands::inspect::queue(&engine),
         Command::Ops { engine } => commands::inspect::ops(&engine),
         Command::Serve(args) => commands::serve::run(args),
+        Command::Simulate(args) => commands::simulate::run(args),
         Command::Policy { command } => commands::policy::run(command),
         Command::Tenants { command } => commands::directory::tenants(command),
         Command::Keys { command } => commands::directory::keys(command),

@@ -12,6 +12,7 @@
 //! - [`config`]: one configuration format for every command.
 //! - [`model`], [`reason`]: the vocabulary of requests, operations and outcomes.
 //! - [`scenario`]: the conformance runner for scenario files, and the verifier swaps use.
+//! - [`simulate`]: discrete-event simulation of load, provider and callers over the real engine.
 //!
 //! The HTTP service (`tollgate serve`) and the command line are the `tollgate-cli` package
 //! (`cli/`), so that embedding the engine does not link an HTTP stack.
@@ -25,6 +26,7 @@ pub mod model;
 pub mod reason;
 pub mod runtime;
 pub mod scenario;
+pub mod simulate;
 
 pub mod store;
 pub mod validate;

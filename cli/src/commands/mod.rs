@@ -6,6 +6,7 @@ pub mod directory;
 pub mod inspect;
 pub mod policy;
 pub mod serve;
+pub mod simulate;
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -1,0 +1,154 @@
+//! The simulation's plots, drawn as SVG by plotters: every plot is lines over simulated
+//! seconds, one line per tenant (or per reason), so one drawing routine serves them all.
+
+use plotters::prelude::*;
+use tollgate::simulate::RunResult;
+
+/// One line of a plot; `None` leaves a gap.
+pub struct Line {
+    pub label: String,
+    pub points: Vec<Option<f64>>,
+}
+
+/// The plots of one run: (file stem, SVG text).
+pub fn all(run: &RunResult, concurrency: u32) -> Vec<(&'static str, String)> {
+    let s = &run.series;
+    let x: Vec<f64> = s.t_ms.iter().map(|&t| t as f64 / 1000.0).collect();
+    let per_tenant = |values: &dyn Fn(usize, usize) -> Option<f64>| -> Vec<Line> {
+        run.tenants
+            .iter()
+            .enumerate()
+            .map(|(i, name)| Line {
+                label: name.clone(),
+                points: (0..x.len()).map(|k| values(i, k)).collect(),
+            })
+            .collect()
+    };
+    let backlog = per_tenant(&|i, k| Some(s.backlog[i][k] as f64));
+    let waits = per_tenant(&|i, k| s.wait_ms[i][k].map(|w| w / 1000.0));
+    let share = per_tenant(&|i, k| {
+        let all: u64 = s.tokens.iter().map(|t| t[k]).sum();
+        (all > 0).then(|| s.tokens[i][k] as f64 / all as f64)
+    });
+    let refusals: Vec<Line> = s
+        .refusals
+        .iter()
+        .map(|(reason, n)| Line {
+            label: reason.clone(),
+            points: n.iter().map(|&v| Some(v as f64)).collect(),
+        })
+        .collect();
+    let mut occupancy = vec![Line {
+        label: "calls in flight".into(),
+        points: s.occupancy.iter().map(|&v| Some(v as f64)).collect(),
+    }];
+    occupancy.push(Line {
+        label: "provider concurrency".into(),
+        points: vec![Some(concurrency as f64); x.len()],
+    });
+    vec![
+        (
+            "backlog",
+            draw("Backlog: queued jobs per tenant", "jobs", &x, &backlog),
+        ),
+        (
+            "waits",
+            draw(
+                "Wait before the call, mean per sample",
+                "seconds",
+                &x,
+                &waits,
+            ),
+        ),
+        (
+            "refusals",
+            draw("Refusals per sample, by reason", "refusals", &x, &refusals),
+        ),
+        (
+            "token_share",
+            draw(
+                "Token share per tenant, so far",
+                "share of tokens",
+                &x,
+                &share,
+            ),
+        ),
+        (
+            "occupancy",
+            draw("Provider occupancy", "calls", &x, &occupancy),
+        ),
+    ]
+}
+
+/// A line plot over `x` seconds, as SVG text.
+pub fn draw(title: &str, y_desc: &str, x: &[f64], lines: &[Line]) -> String {
+    let mut svg = String::new();
+    let x_max = x.last().copied().unwrap_or(1.0).max(1e-3);
+    let y_max = lines
+        .iter()
+        .flat_map(|l| l.points.iter().flatten())
+        .fold(0.0f64, |m, &v| m.max(v));
+    let y_max = if y_max <= 0.0 { 1.0 } else { y_max * 1.08 };
+    {
+        let root = SVGBackend::with_string(&mut svg, (720, 360)).into_drawing_area();
+        // Drawing into a string cannot fail for want of a device; an error still only
+        // costs the plot, never the run.
+        let _ = plot(&root, title, y_desc, x, x_max, y_max, lines);
+        let _ = root.present();
+    }
+    svg
+}
+
+fn plot<DB: DrawingBackend>(
+    root: &DrawingArea<DB, plotters::coord::Shift>,
+    title: &str,
+    y_desc: &str,
+    x: &[f64],
+    x_max: f64,
+    y_max: f64,
+    lines: &[Line],
+) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(root)
+        .caption(title, ("sans-serif", 18))
+        .margin(12)
+        .x_label_area_size(36)
+        .y_label_area_size(56)
+        .build_cartesian_2d(0f64..x_max, 0f64..y_max)?;
+    chart
+        .configure_mesh()
+        .x_desc("simulated seconds")
+        .y_desc(y_desc)
+        .light_line_style(WHITE.mix(0.0))
+        .draw()?;
+    for (i, line) in lines.iter().enumerate() {
+        let color = Palette99::pick(i).to_rgba();
+        // A gap (no value) splits the line into runs.
+        let mut runs: Vec<Vec<(f64, f64)>> = vec![Vec::new()];
+        for (k, p) in line.points.iter().enumerate() {
+            match p {
+                Some(v) => runs.last_mut().expect("one run").push((x[k], *v)),
+                None if !runs.last().expect("one run").is_empty() => runs.push(Vec::new()),
+                None => {}
+            }
+        }
+        let mut first = true;
+        for run in runs.into_iter().filter(|r| !r.is_empty()) {
+            let series = chart.draw_series(LineSeries::new(run, color.stroke_width(2)))?;
+            if std::mem::take(&mut first) {
+                series.label(line.label.clone()).legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
+                });
+            }
+        }
+    }
+    if !lines.is_empty() {
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK.mix(0.3))
+            .draw()?;
+    }
+    Ok(())
+}

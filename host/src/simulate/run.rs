@@ -1,0 +1,672 @@
+//! The event loop: arrivals, caller retries, worker polls, provider calls and samples in
+//! logical time, each admission, completion and dispatch decided by the real engine on its
+//! store with the real policy. Nothing sleeps: the clock jumps to the next event.
+
+use super::arrivals::{Arrival, Load};
+use super::file::{Callers, Distribution, OnRefusal, Simulation};
+use super::rng::Rng;
+use super::summary::{
+    jain, max_service_difference, Overall, Percentiles, Series, Summary, Tally, TenantSummary,
+};
+use crate::engine::{Completion, Reconciliation};
+use crate::model::{CallResult, Request, Route, Usage};
+use crate::reason::Outcome;
+use crate::store::Store;
+use crate::Engine;
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, BinaryHeap};
+
+/// What one run produced.
+#[derive(Clone, Debug)]
+pub struct RunResult {
+    /// The summary, as `summary.json` holds it.
+    pub summary: Summary,
+    /// The time series the plots draw.
+    pub series: Series,
+    /// Tenant names, in the series' order.
+    pub tenants: Vec<String>,
+}
+
+/// How a provider call ends.
+#[derive(Clone, Copy, Debug)]
+enum Call {
+    Succeeded {
+        output_tokens: u64,
+    },
+    Failed {
+        kind: &'static str,
+        retry_after_ms: Option<u64>,
+    },
+    Unknown {
+        output_tokens: u64,
+    },
+}
+
+#[derive(Debug)]
+enum Event {
+    /// A caller (re)asks for admission.
+    Admit(u32),
+    /// A provider call ends.
+    CallEnd {
+        op: u32,
+        attempt: u32,
+        worker: Option<u32>,
+        /// Whether the call held one of the provider's places.
+        held: bool,
+        call: Call,
+    },
+    /// An unknown call is found to have succeeded.
+    Reconcile {
+        op: u32,
+        attempt: u32,
+        output_tokens: u64,
+    },
+    /// A worker asks for work.
+    Poll(u32),
+    /// The time series take a point.
+    Sample,
+}
+
+struct Timed {
+    t: i64,
+    seq: u64,
+    event: Event,
+}
+
+impl PartialEq for Timed {
+    fn eq(&self, other: &Self) -> bool {
+        (self.t, self.seq) == (other.t, other.seq)
+    }
+}
+impl Eq for Timed {}
+impl PartialOrd for Timed {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Timed {
+    /// Reversed: the heap pops the earliest event, ties in the order they were made.
+    fn cmp(&self, other: &Self) -> Ordering {
+        (other.t, other.seq).cmp(&(self.t, self.seq))
+    }
+}
+
+/// One operation's life as the simulation sees it.
+#[derive(Clone, Copy, Debug, Default)]
+struct Op {
+    arrival: u32,
+    /// Times its caller asked again after a refusal.
+    retries: u32,
+    admitted: bool,
+    started: bool,
+    done: bool,
+}
+
+/// The state of one run.
+struct Sim<'a, S: Store> {
+    sim: &'a Simulation,
+    load: &'a Load,
+    engine: &'a Engine<S>,
+    callers: Vec<Callers>,
+    weights: Vec<u32>,
+    heap: BinaryHeap<Timed>,
+    seq: u64,
+    ops: Vec<Op>,
+    tallies: Vec<Tally>,
+    series: Series,
+    /// Per tenant since the last sample: summed waits, calls started, refused at all.
+    interval_waits: Vec<(f64, u32)>,
+    interval_refused: Vec<bool>,
+    interval_refusals: BTreeMap<String, u64>,
+    in_flight: u32,
+    worker_busy: Vec<u32>,
+    worker_names: Vec<String>,
+    provider: Rng,
+    engine_calls: u64,
+}
+
+/// The key of operation `id`: unique within the run.
+fn key_of(id: u32) -> String {
+    format!("sim-{id}")
+}
+
+fn id_of(key: &str) -> Option<u32> {
+    key.strip_prefix("sim-")?.parse().ok()
+}
+
+/// Runs `load` through `engine` (fresh, on an empty store) for `sim`'s duration.
+pub fn run<S: Store>(
+    sim: &Simulation,
+    load: &Load,
+    engine: &Engine<S>,
+    name: &str,
+) -> Result<RunResult, String> {
+    let config = engine.config();
+    let n = load.tenants.len();
+    let mut weights = Vec::with_capacity(n);
+    let mut callers = Vec::with_capacity(n);
+    for t in &load.tenants {
+        let tenant = config.tenant(t).ok_or_else(|| {
+            format!("{name}: tenant {t:?} has load but is not in the configuration")
+        })?;
+        weights.push(tenant.weight);
+        callers.push(
+            sim.tenants
+                .get(t)
+                .and_then(|l| l.callers)
+                .unwrap_or(sim.callers),
+        );
+    }
+    let durable = load.arrivals.iter().any(|a| a.route == Route::Durable);
+    let workers = if durable { sim.workers.count } else { 0 };
+    let mut s = Sim {
+        sim,
+        load,
+        engine,
+        callers,
+        weights,
+        heap: BinaryHeap::new(),
+        seq: 0,
+        ops: Vec::with_capacity(load.arrivals.len()),
+        tallies: vec![Tally::default(); n],
+        series: Series {
+            backlog: vec![Vec::new(); n],
+            wait_ms: vec![Vec::new(); n],
+            tokens: vec![Vec::new(); n],
+            backlogged: vec![Vec::new(); n],
+            ..Series::default()
+        },
+        interval_waits: vec![(0.0, 0); n],
+        interval_refused: vec![false; n],
+        interval_refusals: BTreeMap::new(),
+        in_flight: 0,
+        worker_busy: vec![0; workers as usize],
+        worker_names: (0..workers).map(|w| format!("sim-worker-{w}")).collect(),
+        provider: Rng::new(sim.seed, u64::MAX),
+        engine_calls: 0,
+    };
+    for w in 0..workers {
+        let offset = (sim.workers.poll_ms * w as u64 / workers.max(1) as u64) as i64;
+        s.push(offset, Event::Poll(w));
+    }
+    s.sample(0)?;
+    s.push(sim.sample_ms as i64, Event::Sample);
+    let end = sim.duration_ms as i64;
+    let mut next = 0usize;
+    loop {
+        let arrival_t = load.arrivals.get(next).map(|a| a.t_ms);
+        let event_t = s.heap.peek().map(|e| e.t);
+        let take_arrival = match (arrival_t, event_t) {
+            (Some(a), Some(e)) => a <= e,
+            (Some(_), None) => true,
+            (None, Some(_)) => false,
+            (None, None) => break,
+        };
+        if take_arrival {
+            let a = &load.arrivals[next];
+            if a.t_ms > end {
+                break;
+            }
+            let id = s.ops.len() as u32;
+            s.ops.push(Op {
+                arrival: next as u32,
+                ..Op::default()
+            });
+            s.tallies[a.tenant].offered += 1;
+            next += 1;
+            s.admit(id, a.t_ms)?;
+        } else {
+            let Timed { t, event, .. } = s.heap.pop().expect("peeked");
+            if t > end {
+                break;
+            }
+            s.handle(t, event)?;
+        }
+    }
+    Ok(s.finish(name))
+}
+
+impl<'a, S: Store> Sim<'a, S> {
+    fn push(&mut self, t: i64, event: Event) {
+        self.seq += 1;
+        self.heap.push(Timed {
+            t,
+            seq: self.seq,
+            event,
+        });
+    }
+
+    fn arrival(&self, op: u32) -> &'a Arrival {
+        &self.load.arrivals[self.ops[op as usize].arrival as usize]
+    }
+
+    fn handle(&mut self, now: i64, event: Event) -> Result<(), String> {
+        match event {
+            Event::Admit(op) => self.admit(op, now),
+            Event::CallEnd {
+                op,
+                attempt,
+                worker,
+                held,
+                call,
+            } => self.call_end(now, op, attempt, worker, held, call),
+            Event::Reconcile {
+                op,
+                attempt,
+                output_tokens,
+            } => self.reconcile(now, op, attempt, output_tokens),
+            Event::Poll(w) => self.poll(now, w),
+            Event::Sample => {
+                self.sample(now)?;
+                self.push(now + self.sim.sample_ms as i64, Event::Sample);
+                Ok(())
+            }
+        }
+    }
+
+    fn admit(&mut self, op: u32, now: i64) -> Result<(), String> {
+        let a = self.arrival(op);
+        let tenant = a.tenant;
+        let request = Request {
+            tenant: self.load.tenants[tenant].clone(),
+            key: key_of(op),
+            route: a.route,
+            input_tokens: a.input_tokens,
+            optional_context_tokens: 0,
+            max_output_tokens: a.max_output_tokens,
+            deadline_ms: a.deadline_ms,
+            size_bytes: 1,
+            body_ref: None,
+            fingerprint: None,
+            model: a.model.as_deref().map(str::to_string),
+            priority: a.priority,
+            labels: BTreeMap::new(),
+        };
+        self.engine_calls += 1;
+        let d = self
+            .engine
+            .admit_request(&request, now)
+            .map_err(|e| e.to_string())?;
+        match d.outcome {
+            Outcome::Accepted | Outcome::Queued => {
+                if !self.ops[op as usize].admitted {
+                    self.ops[op as usize].admitted = true;
+                    self.tallies[tenant].admitted += 1;
+                }
+                if d.outcome == Outcome::Accepted {
+                    let max_output = d.max_output_tokens.unwrap_or(a.max_output_tokens);
+                    self.start_call(now, op, d.attempt.unwrap_or(1), max_output, None);
+                }
+            }
+            other => {
+                let reason = match d.reason {
+                    Some(r) => r.as_str(),
+                    None => other.as_str(),
+                };
+                *self.tallies[tenant]
+                    .refused
+                    .entry(reason.to_string())
+                    .or_default() += 1;
+                *self
+                    .interval_refusals
+                    .entry(reason.to_string())
+                    .or_default() += 1;
+                self.interval_refused[tenant] = true;
+                let callers = self.callers[tenant];
+                let retries = self.ops[op as usize].retries;
+                if callers.on_refusal != OnRefusal::GiveUp && retries < callers.max_retries {
+                    let delay = match callers.on_refusal {
+                        OnRefusal::RetryAfter => d.retry_after_ms.unwrap_or(callers.retry_ms),
+                        _ => callers.retry_ms,
+                    }
+                    .max(1) as i64;
+                    if now + delay < a.deadline_ms {
+                        self.ops[op as usize].retries += 1;
+                        self.push(now + delay, Event::Admit(op));
+                        return Ok(());
+                    }
+                }
+                self.tallies[tenant].gave_up += 1;
+                self.ops[op as usize].done = true;
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends a call to the provider: refused at once when all its places are taken.
+    fn start_call(
+        &mut self,
+        now: i64,
+        op: u32,
+        attempt: u32,
+        max_output: u64,
+        worker: Option<u32>,
+    ) {
+        let a = self.arrival(op);
+        if !self.ops[op as usize].started {
+            self.ops[op as usize].started = true;
+            let wait = (now - a.t_ms).max(0);
+            self.tallies[a.tenant]
+                .waits
+                .push(wait.min(u32::MAX as i64) as u32);
+            let w = &mut self.interval_waits[a.tenant];
+            *w = (w.0 + wait as f64, w.1 + 1);
+        }
+        let p = &self.sim.provider;
+        if self.in_flight >= p.concurrency {
+            let call = Call::Failed {
+                kind: "rate_limited",
+                retry_after_ms: Some(p.failures.rate_limited_retry_after_ms),
+            };
+            let end = now + p.failures.fail_after_ms as i64;
+            self.push(
+                end,
+                Event::CallEnd {
+                    op,
+                    attempt,
+                    worker,
+                    held: false,
+                    call,
+                },
+            );
+            return;
+        }
+        self.in_flight += 1;
+        let output_tokens = (max_output as f64 * p.output_fraction).round() as u64;
+        let mean = p.base_ms + p.per_output_token_ms * output_tokens as f64;
+        let service = match p.distribution {
+            Distribution::Fixed => mean,
+            Distribution::Exponential => self.provider.exponential(mean),
+            Distribution::Uniform => mean * (0.5 + self.provider.unit()),
+        };
+        let service = (service.round() as i64).max(1);
+        let f = &p.failures;
+        let u = self.provider.unit();
+        let (after, call) = if u < f.unknown {
+            (service, Call::Unknown { output_tokens })
+        } else if u < f.unknown + f.rate_limited {
+            let retry_after_ms = Some(f.rate_limited_retry_after_ms);
+            let call = Call::Failed {
+                kind: "rate_limited",
+                retry_after_ms,
+            };
+            (f.fail_after_ms as i64, call)
+        } else if u < f.unknown + f.rate_limited + f.unavailable {
+            let call = Call::Failed {
+                kind: "unavailable",
+                retry_after_ms: None,
+            };
+            (f.fail_after_ms as i64, call)
+        } else {
+            (service, Call::Succeeded { output_tokens })
+        };
+        self.push(
+            now + after,
+            Event::CallEnd {
+                op,
+                attempt,
+                worker,
+                held: true,
+                call,
+            },
+        );
+    }
+
+    fn call_end(
+        &mut self,
+        now: i64,
+        op: u32,
+        attempt: u32,
+        worker: Option<u32>,
+        held: bool,
+        call: Call,
+    ) -> Result<(), String> {
+        if held {
+            self.in_flight -= 1;
+        }
+        if let Some(w) = worker {
+            self.worker_busy[w as usize] -= 1;
+        }
+        let a = self.arrival(op);
+        let (result, usage, failure, retry_after) = match call {
+            Call::Succeeded { output_tokens } => (
+                CallResult::Succeeded,
+                Some(self.usage(a, output_tokens)),
+                None,
+                None,
+            ),
+            Call::Failed {
+                kind,
+                retry_after_ms,
+            } => (
+                CallResult::Failed,
+                None,
+                Some(kind.to_string()),
+                retry_after_ms,
+            ),
+            Call::Unknown { .. } => (CallResult::Unknown, None, None, None),
+        };
+        let completion = Completion {
+            tenant: self.load.tenants[a.tenant].clone(),
+            key: key_of(op),
+            result,
+            usage,
+            failure,
+            provider_retry_after_ms: retry_after,
+            result_ref: None,
+            worker: worker.map(|w| self.worker_names[w as usize].clone()),
+            attempt: Some(attempt),
+        };
+        self.engine_calls += 1;
+        let answer = self
+            .engine
+            .complete(&completion, now)
+            .map_err(|e| e.to_string())?;
+        if !answer.ok {
+            return Err(format!(
+                "the engine refused a completion of {}: {:?}",
+                key_of(op),
+                answer.error
+            ));
+        }
+        let tally = &mut self.tallies[a.tenant];
+        match call {
+            Call::Succeeded { output_tokens } => {
+                tally.completed += 1;
+                tally.tokens += a.input_tokens + output_tokens;
+                let latency = (now - a.t_ms).clamp(0, u32::MAX as i64) as u32;
+                tally.latencies.push(latency);
+                if now > a.deadline_ms {
+                    tally.past_deadline += 1;
+                }
+                self.ops[op as usize].done = true;
+            }
+            Call::Failed { .. } => match answer.retry {
+                Some(v) if v.eligible => {
+                    // Durable work goes back to the queue for dispatch; an interactive
+                    // caller asks again, same key, at the time the verdict gives.
+                    if a.route == Route::Interactive {
+                        let at = v.not_before_ms.unwrap_or(now).max(now + 1);
+                        self.push(at, Event::Admit(op));
+                    }
+                }
+                _ => {
+                    tally.failed_final += 1;
+                    self.ops[op as usize].done = true;
+                }
+            },
+            Call::Unknown { output_tokens } => {
+                tally.unknown += 1;
+                let at = now + self.sim.provider.reconcile_after_ms as i64;
+                self.push(
+                    at,
+                    Event::Reconcile {
+                        op,
+                        attempt,
+                        output_tokens,
+                    },
+                );
+            }
+        }
+        Ok(())
+    }
+
+    fn usage(&self, a: &Arrival, output_tokens: u64) -> Usage {
+        Usage {
+            input_tokens: a.input_tokens,
+            output_tokens,
+        }
+    }
+
+    fn reconcile(
+        &mut self,
+        now: i64,
+        op: u32,
+        attempt: u32,
+        output_tokens: u64,
+    ) -> Result<(), String> {
+        let a = self.arrival(op);
+        let rec = Reconciliation {
+            tenant: self.load.tenants[a.tenant].clone(),
+            key: key_of(op),
+            resolution: CallResult::Succeeded,
+            usage: Some(self.usage(a, output_tokens)),
+            result_ref: None,
+            worker: None,
+            attempt: Some(attempt),
+        };
+        self.engine_calls += 1;
+        self.engine
+            .reconcile(&rec, now)
+            .map_err(|e| e.to_string())?;
+        let tally = &mut self.tallies[a.tenant];
+        tally.tokens += a.input_tokens + output_tokens;
+        self.ops[op as usize].done = true;
+        Ok(())
+    }
+
+    fn poll(&mut self, now: i64, w: u32) -> Result<(), String> {
+        let free = self
+            .sim
+            .workers
+            .claim_batch
+            .saturating_sub(self.worker_busy[w as usize]);
+        if free > 0 {
+            self.engine_calls += 1;
+            let answer = self
+                .engine
+                .dispatch(&self.worker_names[w as usize], free, now)
+                .map_err(|e| e.to_string())?;
+            for job in answer.expired {
+                if let Some(op) = id_of(&job.key) {
+                    let tenant = self.arrival(op).tenant;
+                    self.tallies[tenant].expired += 1;
+                    self.tallies[tenant].past_deadline += 1;
+                    self.ops[op as usize].done = true;
+                }
+            }
+            for claim in answer.claimed {
+                let Some(op) = id_of(&claim.key) else {
+                    continue;
+                };
+                self.worker_busy[w as usize] += 1;
+                self.start_call(now, op, claim.attempt, claim.max_output_tokens, Some(w));
+            }
+        }
+        self.push(now + self.sim.workers.poll_ms as i64, Event::Poll(w));
+        Ok(())
+    }
+
+    fn sample(&mut self, now: i64) -> Result<(), String> {
+        let depths = self.engine.queue_depths().map_err(|e| e.to_string())?;
+        self.series.t_ms.push(now);
+        self.series.occupancy.push(self.in_flight);
+        for (i, name) in self.load.tenants.iter().enumerate() {
+            let depth = depths.get(name).copied().unwrap_or(0);
+            self.series.backlog[i].push(depth);
+            let (sum, count) = std::mem::take(&mut self.interval_waits[i]);
+            self.series.wait_ms[i].push((count > 0).then(|| sum / count as f64));
+            self.series.tokens[i].push(self.tallies[i].tokens);
+            let refused = std::mem::take(&mut self.interval_refused[i]);
+            self.series.backlogged[i].push(depth > 0 || refused);
+        }
+        let k = self.series.t_ms.len();
+        for (reason, n) in std::mem::take(&mut self.interval_refusals) {
+            let line = self.series.refusals.entry(reason).or_default();
+            line.resize(k - 1, 0);
+            line.push(n);
+        }
+        for line in self.series.refusals.values_mut() {
+            line.resize(k, 0);
+        }
+        Ok(())
+    }
+
+    fn finish(mut self, name: &str) -> RunResult {
+        let end = self.sim.duration_ms as i64;
+        for op in &self.ops {
+            if !op.done {
+                let a = &self.load.arrivals[op.arrival as usize];
+                self.tallies[a.tenant].pending_at_end += 1;
+                if a.deadline_ms < end {
+                    self.tallies[a.tenant].past_deadline += 1;
+                }
+            }
+        }
+        let all_tokens: u64 = self.tallies.iter().map(|t| t.tokens).sum();
+        let all_completed: u64 = self.tallies.iter().map(|t| t.completed).sum();
+        let share = |x: u64, of: u64| if of == 0 { 0.0 } else { x as f64 / of as f64 };
+        let mut tenants = BTreeMap::new();
+        let mut weighted = Vec::new();
+        for (i, t) in self.tallies.iter_mut().enumerate() {
+            let weight = self.weights[i];
+            weighted.push(t.tokens as f64 / weight.max(1) as f64);
+            tenants.insert(
+                self.load.tenants[i].clone(),
+                TenantSummary {
+                    weight,
+                    offered: t.offered,
+                    admitted: t.admitted,
+                    refused_total: t.refused.values().sum(),
+                    refused: std::mem::take(&mut t.refused),
+                    gave_up: t.gave_up,
+                    expired: t.expired,
+                    completed: t.completed,
+                    failed_final: t.failed_final,
+                    unknown: t.unknown,
+                    past_deadline: t.past_deadline,
+                    pending_at_end: t.pending_at_end,
+                    wait_ms: Percentiles::of(&mut t.waits),
+                    latency_ms: Percentiles::of(&mut t.latencies),
+                    tokens: t.tokens,
+                    token_share: share(t.tokens, all_tokens),
+                    request_share: share(t.completed, all_completed),
+                },
+            );
+        }
+        let occupancy = &self.series.occupancy;
+        let overall = Overall {
+            offered: tenants.values().map(|t| t.offered).sum(),
+            completed: all_completed,
+            refused: tenants.values().map(|t| t.refused_total).sum(),
+            expired: tenants.values().map(|t| t.expired).sum(),
+            past_deadline: tenants.values().map(|t| t.past_deadline).sum(),
+            jain_fairness_tokens: jain(&weighted),
+            max_service_difference_tokens: max_service_difference(&self.series, &self.weights),
+            provider_occupancy_mean: occupancy.iter().map(|&x| x as f64).sum::<f64>()
+                / occupancy.len().max(1) as f64,
+            engine_calls: self.engine_calls,
+        };
+        RunResult {
+            summary: Summary {
+                name: name.to_string(),
+                policy: crate::engine::PolicyIdentity::of(&*self.engine.active_policy()),
+                duration_ms: self.sim.duration_ms,
+                tenants,
+                overall,
+            },
+            series: self.series,
+            tenants: self.load.tenants.clone(),
+        }
+    }
+}
