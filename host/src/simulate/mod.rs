@@ -90,7 +90,7 @@ pub fn run_plan(plan: &Plan, runtime: &Runtime, fixtures: &Path) -> Result<RunRe
             .load(&bytes, file.engine.max_policy_bytes)
             .map_err(|e| format!("policy {}: {e}", plan.policy))?,
     );
-    let store = SqliteStore::in_memory().map_err(|e| e.to_string())?;
+    let store = SqliteStore::in_memory_file().map_err(|e| e.to_string())?;
     let engine = Engine::new(file.engine, store, runtime.clone(), policy);
     run::run(sim, &load, &engine, &plan.name)
 }

@@ -77,6 +77,34 @@ impl SqliteStore {
         Self::init(Connection::open_in_memory()?, None)
     }
 
+    /// A private database kept in memory as a file (SQLite's `memdb` VFS), for long runs
+    /// such as simulations. A plain in-memory database keeps every page in its page cache,
+    /// and a commit that splits a B-tree page walks that whole cache: each commit then
+    /// costs more as the database grows. Here the cache stays small (2 MiB) and the pages
+    /// past it are copied from memory, so a commit's cost stays flat.
+    pub fn in_memory_file() -> Result<Self, StoreError> {
+        use rusqlite::OpenFlags;
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        configure_sqlite();
+        let name = format!(
+            // Without a leading `/` a memdb database is private to its connection: no
+            // mutex around each page read.
+            "tollgate-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_CREATE
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let conn = Connection::open_with_flags_and_vfs(name, flags, "memdb")?;
+        conn.pragma_update(None, "journal_mode", "MEMORY")?;
+        conn.pragma_update(None, "synchronous", "OFF")?;
+        conn.pragma_update(None, "cache_size", -2048)?;
+        conn.pragma_update(None, "temp_store", "MEMORY")?;
+        Self::init(conn, None)
+    }
+
     /// Moves WAL checkpoints to a thread of their own, run every `every` (for a long-lived
     /// writer such as `tollgate serve`). Durability is unchanged: a commit is in the WAL
     /// either way. `on_restart` is told how long each WAL restart held the writer. Does
