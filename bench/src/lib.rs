@@ -8,4 +8,5 @@ pub mod gateway;
 pub mod http;
 pub mod native;
 pub mod redis_peer;
+pub mod simulate;
 pub mod store;

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use tollgate::runtime::Runtime;
-use tollgate_bench::{gateway, http, native, redis_peer, store};
+use tollgate_bench::{gateway, http, native, redis_peer, simulate, store};
 
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -79,6 +79,15 @@ enum BenchCommand {
         /// The `tollgate` executable to start (default: the one beside this benchmark).
         #[arg(long)]
         tollgate: Option<PathBuf>,
+    },
+    /// Simulated requests per second through `tollgate simulate`'s engine loop (logical
+    /// time: the load, the real engine, store and standard policy).
+    Simulate {
+        #[arg(long, default_value_t = 1_000_000)]
+        requests: u64,
+        /// Print one JSON line at the end.
+        #[arg(long)]
+        json: bool,
     },
     /// Claims per second at a large queue (many tenants, many jobs) next to a small one.
     Dispatch {
@@ -160,6 +169,17 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
                     m.idle_percent, m.steal_percent
                 );
             }
+            if json {
+                println!("{}", serde_json::json!(f));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Some(BenchCommand::Simulate { requests, json }) => {
+            let f = simulate::simulate(requests)?;
+            println!(
+                "{} simulated requests ({} completed, {} engine calls) in {:.1} s: {:.0} requests/s",
+                f.requests, f.completed, f.engine_calls, f.seconds, f.requests_per_s
+            );
             if json {
                 println!("{}", serde_json::json!(f));
             }

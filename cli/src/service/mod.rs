@@ -18,6 +18,7 @@ mod metrics;
 mod operations;
 mod refusal;
 mod server;
+mod ui;
 mod watch;
 mod worker;
 mod writer;
@@ -154,6 +155,7 @@ pub fn router(state: Shared) -> Router {
         .route("/v1/admin/operations", get(operations_list))
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
+        .route("/ui", get(ui::page))
         .fallback(|| async { refuse(404, "not_found") })
         .method_not_allowed_fallback(|| async { refuse(405, "method_not_allowed") })
         .layer(axum::middleware::from_fn_with_state(

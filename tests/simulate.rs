@@ -1,0 +1,267 @@
+//! `tollgate simulate`: the shipped examples show what their docs say they show, runs on
+//! the same file are the same, and the command writes its summary, plots and report.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use tollgate::runtime::Runtime;
+use tollgate::simulate::{self, RunResult, Simulation};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// Every run of an example, by name.
+fn runs(example: &str) -> Vec<RunResult> {
+    let path = repo().join("examples/simulations").join(example);
+    let sim = Simulation::load(&path).unwrap();
+    let runtime = Runtime::new().unwrap();
+    simulate::plans(&sim, &[])
+        .unwrap()
+        .iter()
+        .map(|p| simulate::run_plan(p, &runtime, Path::new(".")).unwrap())
+        .collect()
+}
+
+fn named<'a>(runs: &'a [RunResult], name: &str) -> &'a RunResult {
+    runs.iter().find(|r| r.summary.name == name).unwrap()
+}
+
+/// The backlog of the first tenant at `t_s` seconds.
+fn backlog_at(run: &RunResult, t_s: i64) -> u32 {
+    let k = run
+        .series
+        .t_ms
+        .iter()
+        .position(|&t| t == t_s * 1000)
+        .unwrap();
+    run.series.backlog[0][k]
+}
+
+#[test]
+fn a_queue_is_not_capacity_the_backlog_grows_four_a_second_until_the_bound() {
+    let runs = runs("queue-is-not-capacity.json");
+    let offered: Vec<u64> = runs.iter().map(|r| r.summary.overall.offered).collect();
+    assert!(
+        offered.iter().all(|&o| o == 4000),
+        "same arrivals: {offered:?}"
+    );
+
+    let big = named(&runs, "queue 1200");
+    let slope = (backlog_at(big, 250) as f64 - backlog_at(big, 50) as f64) / 200.0;
+    assert!((3.8..=4.2).contains(&slope), "backlog grows {slope}/s");
+    assert_eq!(backlog_at(big, 350), 1200, "held at the bound");
+    let app = &big.summary.tenants["app"];
+    assert!(app.wait_ms.p99.unwrap() > 100_000, "{:?}", app.wait_ms);
+    assert!(app.refused["queue_full"] > 0);
+
+    let small = named(&runs, "queue 12");
+    assert!(small.series.backlog[0].iter().all(|&b| b <= 12));
+    assert!(small.summary.tenants["app"].wait_ms.p99.unwrap() <= 3_000);
+    // Both serve six a second: the bigger queue only makes callers wait.
+    let done = |r: &RunResult| r.summary.overall.completed as f64 / 400.0;
+    assert!((5.8..=6.0).contains(&done(small)) && (5.8..=6.0).contains(&done(big)));
+
+    let deadline = named(&runs, "queue 1200, deadline 30 s");
+    let app = &deadline.summary.tenants["app"];
+    assert!(app.expired > 1000, "expired {}", app.expired);
+    assert!(app.past_deadline >= app.expired);
+    assert!(app.wait_ms.p99.unwrap() <= 30_000, "{:?}", app.wait_ms);
+    assert_eq!(deadline.summary.overall.past_deadline, app.past_deadline);
+}
+
+#[test]
+fn wrr_shares_jobs_and_drr_shares_tokens_by_weight() {
+    let runs = runs("wrr-vs-drr.json");
+    let near = |x: f64, want: f64| (x - want).abs() <= 0.03;
+    let wrr = &named(&runs, "wrr 2:1:1").summary.tenants;
+    for (t, want) in [("a", 0.5), ("b", 0.25), ("c", 0.25)] {
+        assert!(
+            near(wrr[t].request_share, want),
+            "wrr {t}: {}",
+            wrr[t].request_share
+        );
+    }
+    // Equal counts are not equal tokens: b's large jobs take the most tokens under WRR.
+    assert!(wrr["b"].token_share > 0.45, "{}", wrr["b"].token_share);
+    let drr = &named(&runs, "drr_tokens 2:1:1").summary;
+    for (t, want) in [("a", 0.5), ("b", 0.25), ("c", 0.25)] {
+        let share = drr.tenants[t].token_share;
+        assert!(near(share, want), "drr {t}: {share}");
+    }
+    assert!(drr.overall.jain_fairness_tokens.unwrap() > 0.99);
+    let wrr_jain = named(&runs, "wrr 2:1:1")
+        .summary
+        .overall
+        .jain_fairness_tokens;
+    assert!(wrr_jain.unwrap() < 0.9, "{wrr_jain:?}");
+    assert!(
+        drr.overall.max_service_difference_tokens * 10
+            < named(&runs, "wrr 2:1:1")
+                .summary
+                .overall
+                .max_service_difference_tokens
+    );
+}
+
+#[test]
+fn a_tenant_limit_keeps_room_for_the_quiet_tenant() {
+    let runs = runs("noisy-neighbour.json");
+    let refused = |name: &str| named(&runs, name).summary.tenants["quiet"].refused_total;
+    assert!(
+        refused("tenant limit") * 5 < refused("no tenant limit"),
+        "{} against {}",
+        refused("tenant limit"),
+        refused("no tenant limit")
+    );
+}
+
+#[test]
+fn callers_that_honour_retry_after_make_no_storm() {
+    let runs = runs("retry-storm.json");
+    let storm = &named(&runs, "retry every 100 ms").summary.overall;
+    let calm = &named(&runs, "retry after Retry-After").summary.overall;
+    assert!(
+        storm.refused > 3 * calm.refused,
+        "{} against {}",
+        storm.refused,
+        calm.refused
+    );
+    assert!(calm.completed >= storm.completed);
+}
+
+fn tollgate(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn the_command_compares_policies_on_the_same_arrivals_and_writes_its_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("small.json");
+    std::fs::write(
+        &file,
+        serde_json::json!({
+            "description": "Two tenants <b>and</b> a small provider.",
+            "duration_ms": 20000, "seed": 9,
+            "config": {"tenants": {"a": {}, "b": {"weight": 3}}},
+            "tenants": {
+                "a": {"arrivals": {"kind": "poisson", "per_s": 8}, "input_tokens": 100, "max_output_tokens": 50},
+                "b": {"arrivals": {"kind": "constant", "per_s": 4}, "route": "durable",
+                      "input_tokens": {"min": 10, "max": 90}, "max_output_tokens": 50, "deadline_ms": 5000}
+            },
+            "provider": {"concurrency": 4, "base_ms": 300, "failures": {"unavailable": 0.1, "unknown": 0.02}},
+            "callers": {"on_refusal": "retry_after", "max_retries": 2}
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let out_dir = dir.path().join("report");
+    let run = |out: &Path| {
+        tollgate(&[
+            "simulate",
+            file.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--policy",
+            "standard",
+            "--policy",
+            "deny-all",
+        ])
+    };
+    let out = run(&out_dir);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let summary: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out_dir.join("summary.json")).unwrap()).unwrap();
+    let runs = summary["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 2);
+    assert_eq!(runs[0]["overall"]["offered"], runs[1]["overall"]["offered"]);
+    assert_eq!(
+        summary["tenants"], runs[0]["tenants"],
+        "the first run at the top"
+    );
+    assert_eq!(runs[1]["policy"]["name"], "deny-all");
+    assert_eq!(runs[1]["overall"]["completed"], 0);
+    assert!(runs[0]["overall"]["completed"].as_u64().unwrap() > 100);
+    for field in [
+        "wait_ms",
+        "latency_ms",
+        "refused",
+        "token_share",
+        "request_share",
+        "past_deadline",
+    ] {
+        assert!(!runs[0]["tenants"]["a"][field].is_null(), "{field}");
+    }
+    let html = std::fs::read_to_string(out_dir.join("report.html")).unwrap();
+    assert_eq!(
+        html.matches("<svg").count(),
+        10,
+        "five plots for each of two runs"
+    );
+    assert!(
+        html.contains("&lt;b&gt;and&lt;/b&gt;"),
+        "the description is escaped"
+    );
+    assert!(
+        !html.contains("src=\"http") && !html.contains("href=\"http"),
+        "self-contained"
+    );
+    for plot in ["backlog", "waits", "refusals", "token_share", "occupancy"] {
+        let svg = std::fs::read_to_string(out_dir.join(format!("{plot}-standard.svg"))).unwrap();
+        assert!(svg.starts_with("<svg"), "{plot}");
+    }
+    // The same file and seed give the same summary.
+    let again = dir.path().join("again");
+    assert!(run(&again).status.success());
+    assert_eq!(
+        std::fs::read(out_dir.join("summary.json")).unwrap(),
+        std::fs::read(again.join("summary.json")).unwrap()
+    );
+}
+
+#[test]
+fn a_bad_file_is_refused_with_its_field_named_and_nothing_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("bad.json");
+    let out_dir = dir.path().join("report");
+    let cases = [
+        (
+            serde_json::json!({"duration_ms": 1000, "config": {}, "tenants": {}, "provider": {"concurrency": 1, "base_ms": 1}, "extra": 1}),
+            "extra",
+        ),
+        (
+            serde_json::json!({"duration_ms": 1000, "config": {"tenants": {}},
+            "tenants": {"ghost": {"arrivals": {"kind": "constant", "per_s": 1}, "input_tokens": 1, "max_output_tokens": 1}},
+            "provider": {"concurrency": 1, "base_ms": 1}}),
+            "ghost",
+        ),
+        (
+            serde_json::json!({"duration_ms": 1000, "config": {"tenants": {"a": {}}, "surprise": true},
+            "tenants": {"a": {"arrivals": {"kind": "constant", "per_s": 1}, "input_tokens": 1, "max_output_tokens": 1}},
+            "provider": {"concurrency": 1, "base_ms": 1}}),
+            "surprise",
+        ),
+    ];
+    for (json, word) in cases {
+        std::fs::write(&file, json.to_string()).unwrap();
+        let out = tollgate(&[
+            "simulate",
+            file.to_str().unwrap(),
+            "--out",
+            out_dir.to_str().unwrap(),
+        ]);
+        assert_eq!(out.status.code(), Some(2));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(word), "{stderr}");
+        assert!(!out_dir.exists(), "nothing written for {word}");
+    }
+}
