@@ -96,3 +96,24 @@ fn the_gateway_benchmark_proxies_every_call_and_reports_both_sides() {
     let ratio = f["throughput_ratio_plain"].as_f64().unwrap();
     assert!(ratio > 0.0 && ratio.is_finite(), "{f}");
 }
+
+#[test]
+fn the_simulation_benchmark_runs_its_requests_through_the_engine() {
+    let out = Command::new(env!("CARGO_BIN_EXE_tollgate-bench"))
+        .args(["simulate", "--requests", "20000", "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let f: Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    let requests = f["requests"].as_u64().unwrap();
+    // 1,000 a simulated second for 20 s, Poisson: about 20,000.
+    assert!((18_000..22_000).contains(&requests), "{f}");
+    // At least an admission each, and completions for most.
+    assert!(f["engine_calls"].as_u64().unwrap() > requests, "{f}");
+    assert!(f["completed"].as_u64().unwrap() > requests / 2, "{f}");
+}
