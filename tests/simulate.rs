@@ -265,3 +265,43 @@ fn a_bad_file_is_refused_with_its_field_named_and_nothing_written() {
         assert!(!out_dir.exists(), "nothing written for {word}");
     }
 }
+
+#[test]
+fn a_trace_replays_recorded_arrivals_and_a_bad_line_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut lines = String::new();
+    for i in 0..300u64 {
+        let tenant = if i % 3 == 0 { "b" } else { "a" };
+        lines.push_str(&format!(
+            "{{\"t_ms\": {}, \"tenant\": \"{tenant}\", \"route\": \"durable\", \"input_tokens\": 100, \"max_output_tokens\": 20, \"deadline_ms\": 60000, \"priority\": \"critical\"}}\n",
+            i * 50
+        ));
+    }
+    std::fs::write(dir.path().join("recorded.jsonl"), &lines).unwrap();
+    let sim_json = serde_json::json!({
+        "duration_ms": 30000, "seed": 1,
+        "config": {"tenants": {"a": {}, "b": {}}, "tenant_defaults": {"queue_limit": 500, "requests": {"capacity": 1000, "refill_per_s": 1000}}},
+        "trace": "recorded.jsonl",
+        "provider": {"concurrency": 4, "base_ms": 100}
+    });
+    let path = dir.path().join("trace.json");
+    let sim = Simulation::from_json(&path, sim_json.clone()).unwrap();
+    let plan = &simulate::plans(&sim, &[]).unwrap()[0];
+    let run = simulate::run_plan(plan, &Runtime::new().unwrap(), Path::new(".")).unwrap();
+    let t = &run.summary.tenants;
+    assert_eq!((t["a"].offered, t["b"].offered), (200, 100));
+    assert_eq!(t["a"].completed + t["b"].completed, 300, "{t:?}");
+
+    std::fs::write(
+        dir.path().join("recorded.jsonl"),
+        format!("{lines}{{\"t_ms\": 5, \"tenant\": \"a\", \"input_tokens\": 1}}\n"),
+    )
+    .unwrap();
+    let sim = Simulation::from_json(&path, sim_json).unwrap();
+    let plan = &simulate::plans(&sim, &[]).unwrap()[0];
+    let err = simulate::run_plan(plan, &Runtime::new().unwrap(), Path::new(".")).unwrap_err();
+    assert!(
+        err.contains("line 301") && err.contains("max_output_tokens"),
+        "{err}"
+    );
+}

@@ -58,6 +58,10 @@ fn the_dashboard_in_headless_chromium_shows_the_servers_numbers() {
         .env("UI_NODE_MODULES", node_modules())
         .env("CHROMIUM", chromium())
         .env("UI_SCREENSHOT", &screenshot)
+        .env(
+            "SWAP_POLICY",
+            tollgate::scenario::default_fixtures().join("quiet-hours.wasm"),
+        )
         .output()
         .expect("node runs");
     let stdout = String::from_utf8_lossy(&out.stdout);

@@ -140,6 +140,17 @@ try {
   await page.click("#rollback");
   await page.waitForFunction(() => document.getElementById("policy-status").textContent.includes("refused"));
 
+  // Swap from the page: the server's active policy changes, then rolls back to the first.
+  await page.setInputFiles("#swap-file", process.env.SWAP_POLICY);
+  await page.click("#swap");
+  await page.waitForFunction(() => document.getElementById("policy-status").textContent.startsWith("activated"));
+  const swapped = (await api("/v1/admin/policy", ADMIN)).body;
+  assert.equal(swapped.name, "quiet-hours", "the component chosen on the page is active");
+  await page.waitForFunction((n) => document.getElementById("policy-name").textContent === n, swapped.name);
+  await page.click("#rollback");
+  await page.waitForFunction(() => document.getElementById("policy-status").textContent.startsWith("rolled back"));
+  assert.equal((await api("/v1/admin/policy", ADMIN)).body.sha256, inspect.policy.sha256, "rolled back");
+
   await page.screenshot({ path: process.env.UI_SCREENSHOT || join(dir, "dashboard.png"), fullPage: true });
   console.log(`dashboard: ${second} decisions seen, queues ${JSON.stringify(queues)}, slots ${JSON.stringify(slots)}`);
 } finally {
