@@ -3,4 +3,5 @@
 //! the `tollgate` library so that embedding the engine does not pull in an HTTP stack.
 
 pub mod gateway;
+pub mod runtime;
 pub mod service;

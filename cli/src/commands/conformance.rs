@@ -3,7 +3,6 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use tollgate::runtime::Runtime;
 use tollgate::scenario::{self, Runner, Scenario};
 use tollgate::store::PgStore;
 
@@ -34,7 +33,7 @@ pub fn run(command: Command) -> Result<ExitCode, String> {
         db,
         fixtures,
     } = command;
-    let runtime = Runtime::new().map_err(|e| format!("starting wasmtime: {e:#}"))?;
+    let runtime = tollgate_cli::runtime::runtime()?;
     let files = scenario::collect(&paths)?;
     let mut runner = Runner::new(runtime);
     runner.default_policy = policy;

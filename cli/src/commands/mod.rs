@@ -11,7 +11,7 @@ pub mod simulate;
 use std::path::PathBuf;
 use std::sync::Arc;
 use tollgate::config::{Config, ConfigFile};
-use tollgate::runtime::{builtin, Runtime};
+use tollgate::runtime::builtin;
 use tollgate::store::{AnyStore, SqliteStore};
 use tollgate::Engine;
 
@@ -59,7 +59,7 @@ pub fn engine_with(
     store: AnyStore,
     spec: &str,
 ) -> Result<Engine<AnyStore>, String> {
-    let runtime = Runtime::new().map_err(|e| format!("starting wasmtime: {e:#}"))?;
+    let runtime = tollgate_cli::runtime::runtime()?;
     let bytes = builtin::resolve(spec, None)?;
     let policy = runtime
         .load(&bytes, config.max_policy_bytes)

@@ -6,7 +6,6 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
-use tollgate::runtime::Runtime;
 use tollgate::scenario;
 use tollgate::simulate::{self, RunResult, Simulation};
 
@@ -29,7 +28,7 @@ pub struct SimulateArgs {
 pub fn run(args: SimulateArgs) -> Result<ExitCode, String> {
     let sim = Simulation::load(&args.file)?;
     let plans = simulate::plans(&sim, &args.policies)?;
-    let runtime = Runtime::new().map_err(|e| format!("starting wasmtime: {e:#}"))?;
+    let runtime = tollgate_cli::runtime::runtime()?;
     let fixtures = args.fixtures.unwrap_or_else(scenario::default_fixtures);
     let started = std::time::Instant::now();
     // Runs are independent (each its own engine and store): one thread per core.

@@ -55,7 +55,7 @@ use tollgate::engine::{Answer, Completion, Engine, Job, Reconciliation};
 use tollgate::model::{CallResult, Resolution, Usage};
 use tollgate::reason::Reason;
 use tollgate::runtime::builtin;
-use tollgate::runtime::{LoadedPolicy, Runtime};
+use tollgate::runtime::LoadedPolicy;
 use tollgate::scenario::ScenarioVerifier;
 use tollgate::store::AnyStore;
 use tollgate::validate;

@@ -32,7 +32,7 @@ pub fn build_with(
         )
         .map_err(|e| format!("store: {e}"))?;
     }
-    let mut runtime = Runtime::new().map_err(|e| format!("starting wasmtime: {e:#}"))?;
+    let mut runtime = crate::runtime::runtime()?;
     let histogram = metrics.policy_calls.clone();
     runtime.set_call_observer(Arc::new(move |d| histogram.observe(d.as_secs_f64())));
     let gateway = crate::gateway::Gateway::from_config(&config)?;

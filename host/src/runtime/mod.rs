@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use wasmtime::component::{
     Component, ComponentExportIndex, ComponentNamedList, HasSelf, Lift, Linker, Lower, TypedFunc,
@@ -31,11 +32,13 @@ use bindings::{Policy, PolicyPre};
 use host::{HostState, LogContext};
 
 pub mod builtin;
+mod compiled_cache;
 mod digest;
 mod host;
 mod view;
 mod world_v1;
 
+pub use compiled_cache::CompiledCache;
 pub use digest::{hex, PolicyDigest};
 pub use host::{log_lines_dropped, LOG_LINES_PER_CALL, MAX_LOG_LINE_BYTES};
 pub use view::{DecisionView, Jitter, Params};
@@ -167,6 +170,10 @@ pub struct Runtime {
     /// Compiled components by digest: identical bytes compile once per process, so swapping
     /// back to a version seen before costs an instantiation check, not a compilation.
     compiled: Arc<Mutex<HashMap<PolicyDigest, Component>>>,
+    /// Compiled components kept on disk across processes, when set.
+    disk: Option<CompiledCache>,
+    /// Components this runtime compiled (not found in either cache).
+    compilations: Arc<AtomicU64>,
     observer: Option<CallObserver>,
 }
 
@@ -200,8 +207,21 @@ impl Runtime {
             engine,
             linker: Arc::new(linker),
             compiled: Arc::default(),
+            disk: None,
+            compilations: Arc::default(),
             observer: None,
         })
+    }
+
+    /// Keeps compiled components in `cache` too, and looks there before compiling.
+    pub fn with_compiled_cache(mut self, cache: CompiledCache) -> Self {
+        self.disk = Some(cache);
+        self
+    }
+
+    /// How many components this runtime has compiled (a cache hit compiles nothing).
+    pub fn compilations(&self) -> u64 {
+        self.compilations.load(Ordering::Relaxed)
     }
 
     /// Compiles a component, checks it against the world, and asks it to describe itself.
@@ -307,8 +327,19 @@ impl Runtime {
                     .into(),
             ));
         }
-        let component = Component::new(&self.engine, bytes)
-            .map_err(|e| LoadError::Compile(format!("{e:#}")))?;
+        let on_disk = self.disk.as_ref().and_then(|d| d.get(&self.engine, digest));
+        let component = match on_disk {
+            Some(c) => c,
+            None => {
+                let c = Component::new(&self.engine, bytes)
+                    .map_err(|e| LoadError::Compile(format!("{e:#}")))?;
+                self.compilations.fetch_add(1, Ordering::Relaxed);
+                if let Some(d) = &self.disk {
+                    d.put(&self.engine, digest, &c);
+                }
+                c
+            }
+        };
         let mut cache = self.compiled.lock().unwrap_or_else(|e| e.into_inner());
         // A bounded cache: a process that sees many versions forgets the old ones.
         if cache.len() >= 32 {
@@ -577,6 +608,57 @@ mod tests {
         assert_ne!(xs, zs);
         assert!(xs.iter().all(|&x| x <= 100));
         assert_eq!(Jitter::new(1, "t", "k", 1).below_inclusive(0), 0);
+    }
+
+    #[test]
+    fn a_compiled_component_is_kept_on_disk_checked_and_recompiled_when_damaged() {
+        let dir = tempfile::tempdir().unwrap();
+        let bytes = builtin::get("standard").unwrap();
+        let runtime = || {
+            Runtime::new()
+                .unwrap()
+                .with_compiled_cache(CompiledCache::new(dir.path()))
+        };
+        let entries = || {
+            std::fs::read_dir(dir.path())
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .collect::<Vec<_>>()
+        };
+        // A first process compiles and keeps the result.
+        let first = runtime();
+        assert_eq!(first.load(bytes, u64::MAX).unwrap().info().name, "standard");
+        assert_eq!(first.compilations(), 1);
+        let kept = entries();
+        assert_eq!(kept.len(), 1, "{kept:?}");
+        // A second process (a fresh engine) compiles nothing and decides the same way.
+        let second = runtime();
+        let loaded = second.load(bytes, u64::MAX).unwrap();
+        assert_eq!(second.compilations(), 0);
+        assert_eq!(loaded.digest(), &PolicyDigest::of(bytes));
+        // One byte changed, or the entry cut short: never loaded, compiled again, rewritten.
+        for damage in [
+            |b: &mut Vec<u8>| {
+                let i = b.len() / 2;
+                b[i] ^= 0x40;
+            },
+            |b: &mut Vec<u8>| b.truncate(b.len() / 3),
+        ] {
+            let mut b = std::fs::read(&kept[0]).unwrap();
+            damage(&mut b);
+            std::fs::write(&kept[0], &b).unwrap();
+            let third = runtime();
+            assert_eq!(third.load(bytes, u64::MAX).unwrap().info().name, "standard");
+            assert_eq!(third.compilations(), 1, "a damaged entry is compiled again");
+            let fourth = runtime();
+            fourth.load(bytes, u64::MAX).unwrap();
+            assert_eq!(fourth.compilations(), 0, "and the sound entry is back");
+        }
+        // Another component has an entry of its own.
+        runtime()
+            .load(builtin::get("deny-all").unwrap(), u64::MAX)
+            .unwrap();
+        assert_eq!(entries().len(), 2);
     }
 
     /// Why loading a built-in fixture fails, and the error's text.

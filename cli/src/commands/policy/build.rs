@@ -5,7 +5,7 @@
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use tollgate::runtime::{hex, Runtime};
+use tollgate::runtime::hex;
 
 const TARGET: &str = "wasm32-unknown-unknown";
 /// The link flags every policy is built with: a 16 KiB stack and 64 KiB of initial memory,
@@ -87,7 +87,7 @@ pub fn build(dir: &Path, out: Option<&Path>) -> Result<Built, String> {
 
 /// What a component file is: its size, world, hash and the name it gives itself.
 pub fn describe(path: &Path, component: &[u8]) -> Result<Built, String> {
-    let runtime = Runtime::new().map_err(|e| format!("starting wasmtime: {e:#}"))?;
+    let runtime = tollgate_cli::runtime::runtime()?;
     let loaded = runtime
         .load(component, u64::MAX)
         .map_err(|e| format!("{}: {e}", path.display()))?;

@@ -8,7 +8,7 @@ mod scaffold;
 use super::engine_with;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use tollgate::runtime::{builtin, Runtime};
+use tollgate::runtime::builtin;
 use tollgate::scenario::ScenarioVerifier;
 use tollgate::store::{AnyStore, SqliteStore};
 
@@ -125,7 +125,7 @@ pub fn run(command: Command) -> Result<ExitCode, String> {
 
 /// The built-in policies: what production may select.
 fn list() -> Result<ExitCode, String> {
-    let runtime = Runtime::new().map_err(|e| format!("starting wasmtime: {e:#}"))?;
+    let runtime = tollgate_cli::runtime::runtime()?;
     for name in builtin::names() {
         let bytes = builtin::get(name).unwrap();
         match runtime.load(bytes, u64::MAX) {
@@ -204,7 +204,7 @@ fn test(
         }
     }
     let files = tollgate::scenario::collect(&scenarios)?;
-    let runtime = Runtime::new().map_err(|e| format!("starting wasmtime: {e:#}"))?;
+    let runtime = tollgate_cli::runtime::runtime()?;
     let mut runner = tollgate::scenario::Runner::new(runtime);
     runner.default_policy = component.display().to_string();
     let (p, f) = super::conformance::run_files(&runner, files, None);
