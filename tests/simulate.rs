@@ -52,7 +52,9 @@ fn a_queue_is_not_capacity_the_backlog_grows_four_a_second_until_the_bound() {
     let big = named(&runs, "queue 1200");
     let slope = (backlog_at(big, 250) as f64 - backlog_at(big, 50) as f64) / 200.0;
     assert!((3.8..=4.2).contains(&slope), "backlog grows {slope}/s");
-    assert_eq!(backlog_at(big, 350), 1200, "held at the bound");
+    // Held at the bound (a sample sees the claims and arrival of its own millisecond).
+    let held = backlog_at(big, 350);
+    assert!((1190..=1200).contains(&held), "held at the bound: {held}");
     let app = &big.summary.tenants["app"];
     assert!(app.wait_ms.p99.unwrap() > 100_000, "{:?}", app.wait_ms);
     assert!(app.refused["queue_full"] > 0);

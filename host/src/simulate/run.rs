@@ -8,7 +8,9 @@ use super::rng::Rng;
 use super::summary::{
     jain, max_service_difference, Overall, Percentiles, Series, Summary, Tally, TenantSummary,
 };
-use crate::engine::{Completion, Reconciliation};
+use crate::engine::{
+    Answer, Completion, CompletionAnswer, Decision, DispatchAnswer, Job, Reconciliation,
+};
 use crate::model::{CallResult, Request, Route, Usage};
 use crate::reason::Outcome;
 use crate::store::Store;
@@ -123,6 +125,16 @@ struct Sim<'a, S: Store> {
     worker_names: Vec<String>,
     provider: Rng,
     engine_calls: u64,
+    /// Engine work gathered for the current time, and what to do with each answer.
+    pending: Vec<(Job, Then)>,
+}
+
+/// What an engine answer sets in motion.
+enum Then {
+    Admitted(u32),
+    Completed { op: u32, attempt: u32, call: Call },
+    Reconciled { op: u32, output_tokens: u64 },
+    Dispatched(u32),
 }
 
 /// The key of operation `id`: unique within the run.
@@ -184,6 +196,7 @@ pub fn run<S: Store>(
         worker_names: (0..workers).map(|w| format!("sim-worker-{w}")).collect(),
         provider: Rng::new(sim.seed, u64::MAX),
         engine_calls: 0,
+        pending: Vec::new(),
     };
     for w in 0..workers {
         let offset = (sim.workers.poll_ms * w as u64 / workers.max(1) as u64) as i64;
@@ -194,19 +207,17 @@ pub fn run<S: Store>(
     let end = sim.duration_ms as i64;
     let mut next = 0usize;
     loop {
+        // Everything that happens at the next time runs as one batch.
         let arrival_t = load.arrivals.get(next).map(|a| a.t_ms);
         let event_t = s.heap.peek().map(|e| e.t);
-        let take_arrival = match (arrival_t, event_t) {
-            (Some(a), Some(e)) => a <= e,
-            (Some(_), None) => true,
-            (None, Some(_)) => false,
-            (None, None) => break,
+        let Some(now) = arrival_t.into_iter().chain(event_t).min() else {
+            break;
         };
-        if take_arrival {
-            let a = &load.arrivals[next];
-            if a.t_ms > end {
-                break;
-            }
+        if now > end {
+            break;
+        }
+        let mut sample = false;
+        while let Some(a) = load.arrivals.get(next).filter(|a| a.t_ms == now) {
             let id = s.ops.len() as u32;
             s.ops.push(Op {
                 arrival: next as u32,
@@ -214,13 +225,19 @@ pub fn run<S: Store>(
             });
             s.tallies[a.tenant].offered += 1;
             next += 1;
-            s.admit(id, a.t_ms)?;
-        } else {
-            let Timed { t, event, .. } = s.heap.pop().expect("peeked");
-            if t > end {
-                break;
+            s.admit(id, now)?;
+        }
+        while s.heap.peek().is_some_and(|e| e.t == now) {
+            let Timed { event, .. } = s.heap.pop().expect("peeked");
+            match event {
+                Event::Sample => sample = true,
+                event => s.handle(now, event)?,
             }
-            s.handle(t, event)?;
+        }
+        s.flush(now)?;
+        if sample {
+            s.sample(now)?;
+            s.push(now + sim.sample_ms as i64, Event::Sample);
         }
     }
     Ok(s.finish(name))
@@ -256,11 +273,7 @@ impl<'a, S: Store> Sim<'a, S> {
                 output_tokens,
             } => self.reconcile(now, op, attempt, output_tokens),
             Event::Poll(w) => self.poll(now, w),
-            Event::Sample => {
-                self.sample(now)?;
-                self.push(now + self.sim.sample_ms as i64, Event::Sample);
-                Ok(())
-            }
+            Event::Sample => unreachable!("samples are taken after the batch of their time"),
         }
     }
 
@@ -282,11 +295,19 @@ impl<'a, S: Store> Sim<'a, S> {
             priority: a.priority,
             labels: BTreeMap::new(),
         };
-        self.engine_calls += 1;
-        let d = self
-            .engine
-            .admit_request(&request, now)
-            .map_err(|e| e.to_string())?;
+        self.pending.push((
+            Job::Admit {
+                request,
+                now_ms: now,
+            },
+            Then::Admitted(op),
+        ));
+        Ok(())
+    }
+
+    fn admitted(&mut self, op: u32, now: i64, d: Decision) -> Result<(), String> {
+        let a = self.arrival(op);
+        let tenant = a.tenant;
         match d.outcome {
             Outcome::Accepted | Outcome::Queued => {
                 if !self.ops[op as usize].admitted {
@@ -457,11 +478,25 @@ impl<'a, S: Store> Sim<'a, S> {
             worker: worker.map(|w| self.worker_names[w as usize].clone()),
             attempt: Some(attempt),
         };
-        self.engine_calls += 1;
-        let answer = self
-            .engine
-            .complete(&completion, now)
-            .map_err(|e| e.to_string())?;
+        self.pending.push((
+            Job::Complete {
+                completion,
+                now_ms: now,
+            },
+            Then::Completed { op, attempt, call },
+        ));
+        Ok(())
+    }
+
+    fn completed(
+        &mut self,
+        now: i64,
+        op: u32,
+        attempt: u32,
+        call: Call,
+        answer: CompletionAnswer,
+    ) -> Result<(), String> {
+        let a = self.arrival(op);
         if !answer.ok {
             return Err(format!(
                 "the engine refused a completion of {}: {:?}",
@@ -535,10 +570,18 @@ impl<'a, S: Store> Sim<'a, S> {
             worker: None,
             attempt: Some(attempt),
         };
-        self.engine_calls += 1;
-        self.engine
-            .reconcile(&rec, now)
-            .map_err(|e| e.to_string())?;
+        self.pending.push((
+            Job::Reconcile {
+                reconciliation: rec,
+                now_ms: now,
+            },
+            Then::Reconciled { op, output_tokens },
+        ));
+        Ok(())
+    }
+
+    fn reconciled(&mut self, op: u32, output_tokens: u64) -> Result<(), String> {
+        let a = self.arrival(op);
         let tally = &mut self.tallies[a.tenant];
         tally.tokens += a.input_tokens + output_tokens;
         self.ops[op as usize].done = true;
@@ -552,11 +595,19 @@ impl<'a, S: Store> Sim<'a, S> {
             .claim_batch
             .saturating_sub(self.worker_busy[w as usize]);
         if free > 0 {
-            self.engine_calls += 1;
-            let answer = self
-                .engine
-                .dispatch(&self.worker_names[w as usize], free, now)
-                .map_err(|e| e.to_string())?;
+            let job = Job::Dispatch {
+                worker: self.worker_names[w as usize].clone(),
+                count: free,
+                now_ms: now,
+            };
+            self.pending.push((job, Then::Dispatched(w)));
+        }
+        self.push(now + self.sim.workers.poll_ms as i64, Event::Poll(w));
+        Ok(())
+    }
+
+    fn dispatched(&mut self, now: i64, w: u32, answer: DispatchAnswer) -> Result<(), String> {
+        {
             for job in answer.expired {
                 if let Some(op) = id_of(&job.key) {
                     let tenant = self.arrival(op).tenant;
@@ -573,7 +624,34 @@ impl<'a, S: Store> Sim<'a, S> {
                 self.start_call(now, op, claim.attempt, claim.max_output_tokens, Some(w));
             }
         }
-        self.push(now + self.sim.workers.poll_ms as i64, Event::Poll(w));
+        Ok(())
+    }
+
+    /// Runs the engine work gathered for time `now` in one transaction (each job all or
+    /// nothing on its own, in order, as the service's writer runs them), then what each
+    /// answer sets in motion.
+    fn flush(&mut self, now: i64) -> Result<(), String> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let (jobs, thens): (Vec<Job>, Vec<Then>) =
+            std::mem::take(&mut self.pending).into_iter().unzip();
+        self.engine_calls += jobs.len() as u64;
+        let answers = self.engine.run_batch(&jobs).map_err(|e| e.to_string())?;
+        for (then, answer) in thens.into_iter().zip(answers) {
+            let answer = answer.map_err(|e| e.to_string())?;
+            match (then, answer) {
+                (Then::Admitted(op), Answer::Decision(d)) => self.admitted(op, now, d)?,
+                (Then::Completed { op, attempt, call }, Answer::Completion(c)) => {
+                    self.completed(now, op, attempt, call, c)?
+                }
+                (Then::Reconciled { op, output_tokens }, Answer::Completion(_)) => {
+                    self.reconciled(op, output_tokens)?
+                }
+                (Then::Dispatched(w), Answer::Dispatch(d)) => self.dispatched(now, w, d)?,
+                (_, other) => return Err(format!("the engine answered {other:?} out of turn")),
+            }
+        }
         Ok(())
     }
 

@@ -66,7 +66,7 @@ impl SqliteStore {
         // whole cache (SQLite renumbers the new pages through a scratch page number, above
         // the end of the file, and then drops every cached page past the end), so each MiB
         // costs every such commit; the operating system's page cache serves what falls out.
-        conn.pragma_update(None, "cache_size", -8192)?;
+        conn.pragma_update(None, "cache_size", -2048)?;
         conn.pragma_update(None, "temp_store", "MEMORY")?;
         Self::init(conn, Some(path.to_path_buf()))
     }
