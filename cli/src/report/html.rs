@@ -1,7 +1,8 @@
 //! `report.html`: one page, no outside assets, the runs side by side (one column each) with
 //! the summary table under their plots.
 
-use tollgate::simulate::{summary::Percentiles, RunResult, Simulation};
+use tollgate::simulate::summary::{Percentiles, TenantSummary};
+use tollgate::simulate::{RunResult, Simulation};
 
 /// Text made safe for HTML.
 pub fn escape(s: &str) -> String {
@@ -28,7 +29,7 @@ pub fn page(sim: &Simulation, runs: &[RunResult], plots: &[Vec<(&str, String)>])
          <style>body{{font-family:sans-serif;margin:1.5em;color:#222}}\
          .runs{{display:grid;grid-template-columns:repeat({},minmax(360px,1fr));gap:1em}}\
          .runs svg{{width:100%;height:auto}}table{{border-collapse:collapse;font-size:0.85em;margin:0.5em 0 1em}}\
-         td,th{{border:1px solid #ccc;padding:2px 6px;text-align:right}}th:first-child,td:first-child{{text-align:left}}\
+         td,th{{border:1px solid #ccc;padding:2px 6px;text-align:right}}tr th:first-child{{text-align:left;font-weight:normal}}\
          h2{{font-size:1.1em}}</style></head><body>\n",
         escape(&title),
         runs.len().max(1)
@@ -58,34 +59,40 @@ pub fn page(sim: &Simulation, runs: &[RunResult], plots: &[Vec<(&str, String)>])
             s.overall.max_service_difference_tokens,
             s.overall.past_deadline,
         ));
-        h.push_str(
-            "<table><tr><th>tenant</th><th>offered</th><th>admitted</th><th>refused</th>\
-            <th>expired</th><th>completed</th><th>past deadline</th><th>wait s p50/p95/p99</th>\
-            <th>latency s p50/p95/p99</th><th>token share</th><th>request share</th></tr>\n",
-        );
-        for (name, t) in &s.tenants {
-            h.push_str(&format!(
-                "<tr><td>{}</td><td>{}</td><td>{}</td><td title=\"{}\">{}</td><td>{}</td><td>{}</td>\
-                 <td>{}</td><td>{}</td><td>{}</td><td>{:.3}</td><td>{:.3}</td></tr>\n",
-                escape(name),
-                t.offered,
-                t.admitted,
-                escape(
-                    &t.refused
-                        .iter()
-                        .map(|(r, n)| format!("{r}: {n}"))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-                t.refused_total,
-                t.expired,
-                t.completed,
-                t.past_deadline,
-                ms(&t.wait_ms),
-                ms(&t.latency_ms),
-                t.token_share,
-                t.request_share,
-            ));
+        // One column per tenant, one row per measure: runs stay narrow side by side.
+        let tenants: Vec<_> = s.tenants.iter().collect();
+        h.push_str("<table><tr><th></th>");
+        for (name, _) in &tenants {
+            h.push_str(&format!("<th>{}</th>", escape(name)));
+        }
+        h.push_str("</tr>\n");
+        type Cell = fn(&TenantSummary) -> String;
+        let rows: [(&str, Cell); 12] = [
+            ("offered", |t| t.offered.to_string()),
+            ("admitted", |t| t.admitted.to_string()),
+            ("refused", |t| t.refused_total.to_string()),
+            ("refused by reason", |t| {
+                t.refused
+                    .iter()
+                    .map(|(r, n)| format!("{r} {n}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            }),
+            ("expired", |t| t.expired.to_string()),
+            ("completed", |t| t.completed.to_string()),
+            ("failed", |t| t.failed_final.to_string()),
+            ("past deadline", |t| t.past_deadline.to_string()),
+            ("wait s p50/p95/p99", |t| ms(&t.wait_ms)),
+            ("latency s p50/p95/p99", |t| ms(&t.latency_ms)),
+            ("token share", |t| format!("{:.3}", t.token_share)),
+            ("request share", |t| format!("{:.3}", t.request_share)),
+        ];
+        for (label, cell) in rows {
+            h.push_str(&format!("<tr><th>{label}</th>"));
+            for (_, t) in &tenants {
+                h.push_str(&format!("<td>{}</td>", escape(&cell(t))));
+            }
+            h.push_str("</tr>\n");
         }
         h.push_str("</table>\n");
         for (_, svg) in drawn {

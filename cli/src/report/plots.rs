@@ -4,6 +4,20 @@
 use plotters::prelude::*;
 use tollgate::simulate::RunResult;
 
+/// Line colours that stay apart on white (Tableau 10), reused past ten lines.
+const COLOURS: [RGBColor; 10] = [
+    RGBColor(31, 119, 180),
+    RGBColor(255, 127, 14),
+    RGBColor(44, 160, 44),
+    RGBColor(214, 39, 40),
+    RGBColor(148, 103, 189),
+    RGBColor(140, 86, 75),
+    RGBColor(227, 119, 194),
+    RGBColor(127, 127, 127),
+    RGBColor(188, 189, 34),
+    RGBColor(23, 190, 207),
+];
+
 /// One line of a plot; `None` leaves a gap.
 pub struct Line {
     pub label: String,
@@ -122,7 +136,7 @@ fn plot<DB: DrawingBackend>(
         .light_line_style(WHITE.mix(0.0))
         .draw()?;
     for (i, line) in lines.iter().enumerate() {
-        let color = Palette99::pick(i).to_rgba();
+        let color = COLOURS[i % COLOURS.len()].to_rgba();
         // A gap (no value) splits the line into runs.
         let mut runs: Vec<Vec<(f64, f64)>> = vec![Vec::new()];
         for (k, p) in line.points.iter().enumerate() {
