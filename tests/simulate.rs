@@ -252,6 +252,19 @@ fn a_bad_file_is_refused_with_its_field_named_and_nothing_written() {
             "provider": {"concurrency": 1, "base_ms": 1}}),
             "surprise",
         ),
+        (
+            serde_json::json!({"duration_ms": 604_800_000, "config": {"tenants": {"a": {}}},
+            "tenants": {"a": {"arrivals": {"kind": "constant", "per_s": 1_000_000}, "input_tokens": 1, "max_output_tokens": 1}},
+            "provider": {"concurrency": 1, "base_ms": 1}}),
+            "5000000 arrivals",
+        ),
+        (
+            serde_json::json!({"duration_ms": 600_000, "sample_ms": 10,
+            "config": {"tenants": (0..400).map(|i| (format!("t{i}"), serde_json::json!({}))).collect::<serde_json::Map<_, _>>()},
+            "tenants": (0..400).map(|i| (format!("t{i}"), serde_json::json!({"arrivals": {"kind": "constant", "per_s": 0.01}, "input_tokens": 1, "max_output_tokens": 1}))).collect::<serde_json::Map<_, _>>(),
+            "provider": {"concurrency": 1, "base_ms": 1}}),
+            "raise sample_ms",
+        ),
     ];
     for (json, word) in cases {
         std::fs::write(&file, json.to_string()).unwrap();

@@ -61,6 +61,9 @@ fn interactive() -> Route {
     Route::Interactive
 }
 
+/// The largest trace file read (about 5,000,000 lines of 200 bytes).
+const MOST_TRACE_BYTES: u64 = 1 << 30;
+
 /// A deadline nobody reaches within a simulation.
 const NO_DEADLINE_MS: u64 = MOST_DURATION_MS * 2;
 
@@ -125,6 +128,15 @@ impl Load {
             }
         }
         if let Some(trace) = &sim.trace {
+            let size = std::fs::metadata(trace)
+                .map_err(|e| format!("trace {}: {e}", trace.display()))?
+                .len();
+            if size > MOST_TRACE_BYTES {
+                return Err(format!(
+                    "trace {}: {size} bytes, over {MOST_TRACE_BYTES}",
+                    trace.display()
+                ));
+            }
             let text = std::fs::read_to_string(trace)
                 .map_err(|e| format!("trace {}: {e}", trace.display()))?;
             for (n, line) in text.lines().enumerate() {

@@ -10,8 +10,11 @@ use std::path::{Path, PathBuf};
 
 /// The longest simulated time: one week.
 pub const MOST_DURATION_MS: u64 = 7 * 24 * 3600 * 1000;
-/// The most arrivals one simulation may generate (memory stays bounded).
-pub const MOST_ARRIVALS: usize = 20_000_000;
+/// The most arrivals one simulation may generate (memory stays bounded: about 64 bytes
+/// each, per run in flight).
+pub const MOST_ARRIVALS: usize = 5_000_000;
+/// The most points of all the per-tenant series of one run (tenants × samples).
+pub const MOST_SERIES_POINTS: u64 = 20_000_000;
 /// The most samples one run records.
 pub const MOST_SAMPLES: u64 = 100_000;
 /// The largest token count a load may name.

@@ -169,6 +169,13 @@ pub fn run<S: Store>(
                 .unwrap_or(sim.callers),
         );
     }
+    let samples = sim.duration_ms / sim.sample_ms + 1;
+    if samples.saturating_mul(n as u64) > super::file::MOST_SERIES_POINTS {
+        return Err(format!(
+            "{name}: {n} tenants × {samples} samples is over {} points: raise sample_ms",
+            super::file::MOST_SERIES_POINTS
+        ));
+    }
     let durable = load.arrivals.iter().any(|a| a.route == Route::Durable);
     let workers = if durable { sim.workers.count } else { 0 };
     let mut s = Sim {
