@@ -17,8 +17,11 @@ fn repo() -> PathBuf {
 fn chromium() -> PathBuf {
     let path = PathBuf::from(std::env::var("CHROMIUM").unwrap_or("/usr/bin/chromium".into()));
     if !path.exists() {
-        let installed = Command::new("apt-get")
-            .args(["install", "-y", "-qq", "chromium"])
+        let installed = Command::new("sh")
+            .args([
+                "-c",
+                "apt-get update -qq && apt-get install -y -qq chromium",
+            ])
             .env("DEBIAN_FRONTEND", "noninteractive")
             .status()
             .expect("apt-get runs");
