@@ -19,12 +19,17 @@ fn tollgate() -> PathBuf {
 
 /// Runs `tollgate-bench ARGS --json --tollgate EXE` and reads its JSON line.
 fn bench_json(args: &[&str]) -> Value {
-    let out = Command::new(env!("CARGO_BIN_EXE_tollgate-bench"))
+    let mut bench = Command::new(env!("CARGO_BIN_EXE_tollgate-bench"));
+    bench
         .args(args)
         .args(["--json", "--tollgate"])
-        .arg(tollgate())
-        .output()
-        .unwrap();
+        .arg(tollgate());
+    json_line(&mut bench)
+}
+
+/// Runs a benchmark that must succeed, and reads the JSON line it prints.
+fn json_line(bench: &mut Command) -> Value {
+    let out = bench.output().unwrap();
     assert!(
         out.status.success(),
         "{}",
@@ -99,17 +104,12 @@ fn the_gateway_benchmark_proxies_every_call_and_reports_both_sides() {
 
 #[test]
 fn the_simulation_benchmark_runs_its_requests_through_the_engine() {
-    let out = Command::new(env!("CARGO_BIN_EXE_tollgate-bench"))
-        .args(["simulate", "--requests", "20000", "--json"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8(out.stdout).unwrap();
-    let f: Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    let f = json_line(Command::new(env!("CARGO_BIN_EXE_tollgate-bench")).args([
+        "simulate",
+        "--requests",
+        "20000",
+        "--json",
+    ]));
     let requests = f["requests"].as_u64().unwrap();
     // 1,000 a simulated second for 20 s, Poisson: about 20,000.
     assert!((18_000..22_000).contains(&requests), "{f}");

@@ -5,7 +5,6 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
 use tollgate::scenario;
 use tollgate::simulate::{self, RunResult, Simulation};
 
@@ -31,31 +30,35 @@ pub fn run(args: SimulateArgs) -> Result<ExitCode, String> {
     let runtime = tollgate_cli::runtime::runtime()?;
     let fixtures = args.fixtures.unwrap_or_else(scenario::default_fixtures);
     let started = std::time::Instant::now();
-    // Runs are independent (each its own engine and store): one thread per core.
-    let results: Vec<Mutex<Option<Result<RunResult, String>>>> =
-        plans.iter().map(|_| Mutex::new(None)).collect();
+    // Runs are independent (each its own engine and store): one thread per core, each
+    // taking the next plan until none is left.
     let next = AtomicUsize::new(0);
     let threads = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .min(plans.len());
-    std::thread::scope(|scope| {
-        for _ in 0..threads {
-            scope.spawn(|| loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some(plan) = plans.get(i) else { break };
-                let result = simulate::run_plan(plan, &runtime, &fixtures);
-                *results[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(result);
-            });
-        }
+    let mut done: Vec<(usize, Result<RunResult, String>)> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut mine = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(plan) = plans.get(i) else { break mine };
+                        mine.push((i, simulate::run_plan(plan, &runtime, &fixtures)));
+                    }
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|w| w.join().unwrap_or_default())
+            .collect()
     });
-    let runs: Vec<RunResult> = results
-        .into_iter()
-        .map(|r| {
-            r.into_inner()
-                .unwrap_or_else(|e| e.into_inner())
-                .unwrap_or_else(|| Err("a run did not finish".into()))
-        })
-        .collect::<Result<_, _>>()?;
+    if done.len() < plans.len() {
+        return Err("a run did not finish".into());
+    }
+    done.sort_by_key(|(i, _)| *i);
+    let runs: Vec<RunResult> = done.into_iter().map(|(_, r)| r).collect::<Result<_, _>>()?;
     let written = crate::report::write(&args.out, &sim, &runs)?;
     let offered: u64 = runs.iter().map(|r| r.summary.overall.offered).sum();
     println!(

@@ -36,6 +36,8 @@ pub struct Plan {
     pub name: String,
     /// The simulation as the variant makes it.
     pub sim: Simulation,
+    /// Its configuration, read and checked.
+    pub config: ConfigFile,
     /// The policy: a built-in name or a `.wasm` path.
     pub policy: String,
 }
@@ -71,6 +73,7 @@ pub fn plans(sim: &Simulation, policies: &[String]) -> Result<Vec<Plan>, String>
             out.push(Plan {
                 name,
                 sim: sim.clone(),
+                config: file.clone(),
                 policy: spec,
             });
         }
@@ -82,15 +85,14 @@ pub fn plans(sim: &Simulation, policies: &[String]) -> Result<Vec<Plan>, String>
 /// the policy loaded by `runtime` (a test fixture's name found in `fixtures`).
 pub fn run_plan(plan: &Plan, runtime: &Runtime, fixtures: &Path) -> Result<RunResult, String> {
     let sim = &plan.sim;
-    let file = ConfigFile::from_json(&sim.config)?;
     let load = Load::generate(sim)?;
     let bytes = resolve_policy(&plan.policy, sim.path.parent(), fixtures)?;
     let policy: Arc<dyn Decider> = Arc::new(
         runtime
-            .load(&bytes, file.engine.max_policy_bytes)
+            .load(&bytes, plan.config.engine.max_policy_bytes)
             .map_err(|e| format!("policy {}: {e}", plan.policy))?,
     );
     let store = SqliteStore::in_memory_file().map_err(|e| e.to_string())?;
-    let engine = Engine::new(file.engine, store, runtime.clone(), policy);
+    let engine = Engine::new(plan.config.engine.clone(), store, runtime.clone(), policy);
     run::run(sim, &load, &engine, &plan.name)
 }

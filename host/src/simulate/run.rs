@@ -6,7 +6,7 @@ use super::arrivals::{Arrival, Load};
 use super::file::{Callers, Distribution, OnRefusal, Simulation};
 use super::rng::Rng;
 use super::summary::{
-    jain, max_service_difference, Overall, Percentiles, Series, Summary, Tally, TenantSummary,
+    jain, max_service_difference, Overall, Percentiles, Series, Summary, TenantSummary,
 };
 use crate::engine::{
     Answer, Completion, CompletionAnswer, Decision, DispatchAnswer, Job, Reconciliation,
@@ -114,7 +114,12 @@ struct Sim<'a, S: Store> {
     heap: BinaryHeap<Timed>,
     seq: u64,
     ops: Vec<Op>,
-    tallies: Vec<Tally>,
+    /// Per tenant: the counts of its summary, filled in as the run goes.
+    tallies: Vec<TenantSummary>,
+    /// Per tenant: arrival to the first provider call, per operation that reached one (ms).
+    waits: Vec<Vec<u32>>,
+    /// Per tenant: arrival to success (ms).
+    latencies: Vec<Vec<u32>>,
     series: Series,
     /// Per tenant since the last sample: summed waits, calls started, refused at all.
     interval_waits: Vec<(f64, u32)>,
@@ -187,7 +192,9 @@ pub fn run<S: Store>(
         heap: BinaryHeap::new(),
         seq: 0,
         ops: Vec::with_capacity(load.arrivals.len()),
-        tallies: vec![Tally::default(); n],
+        tallies: vec![TenantSummary::default(); n],
+        waits: vec![Vec::new(); n],
+        latencies: vec![Vec::new(); n],
         series: Series {
             backlog: vec![Vec::new(); n],
             wait_ms: vec![Vec::new(); n],
@@ -232,13 +239,27 @@ pub fn run<S: Store>(
             });
             s.tallies[a.tenant].offered += 1;
             next += 1;
-            s.admit(id, now)?;
+            s.admit(id, now);
         }
         while s.heap.peek().is_some_and(|e| e.t == now) {
             let Timed { event, .. } = s.heap.pop().expect("peeked");
             match event {
+                Event::Admit(op) => s.admit(op, now),
+                Event::CallEnd {
+                    op,
+                    attempt,
+                    worker,
+                    held,
+                    call,
+                } => s.call_end(now, op, attempt, worker, held, call),
+                Event::Reconcile {
+                    op,
+                    attempt,
+                    output_tokens,
+                } => s.reconcile(now, op, attempt, output_tokens),
+                Event::Poll(w) => s.poll(now, w),
+                // Taken after the batch of its time, so that it sees that time's work.
                 Event::Sample => sample = true,
-                event => s.handle(now, event)?,
             }
         }
         s.flush(now)?;
@@ -264,27 +285,7 @@ impl<'a, S: Store> Sim<'a, S> {
         &self.load.arrivals[self.ops[op as usize].arrival as usize]
     }
 
-    fn handle(&mut self, now: i64, event: Event) -> Result<(), String> {
-        match event {
-            Event::Admit(op) => self.admit(op, now),
-            Event::CallEnd {
-                op,
-                attempt,
-                worker,
-                held,
-                call,
-            } => self.call_end(now, op, attempt, worker, held, call),
-            Event::Reconcile {
-                op,
-                attempt,
-                output_tokens,
-            } => self.reconcile(now, op, attempt, output_tokens),
-            Event::Poll(w) => self.poll(now, w),
-            Event::Sample => unreachable!("samples are taken after the batch of their time"),
-        }
-    }
-
-    fn admit(&mut self, op: u32, now: i64) -> Result<(), String> {
+    fn admit(&mut self, op: u32, now: i64) {
         let a = self.arrival(op);
         let tenant = a.tenant;
         let request = Request {
@@ -309,10 +310,9 @@ impl<'a, S: Store> Sim<'a, S> {
             },
             Then::Admitted(op),
         ));
-        Ok(())
     }
 
-    fn admitted(&mut self, op: u32, now: i64, d: Decision) -> Result<(), String> {
+    fn admitted(&mut self, op: u32, now: i64, d: Decision) {
         let a = self.arrival(op);
         let tenant = a.tenant;
         match d.outcome {
@@ -351,14 +351,13 @@ impl<'a, S: Store> Sim<'a, S> {
                     if now + delay < a.deadline_ms {
                         self.ops[op as usize].retries += 1;
                         self.push(now + delay, Event::Admit(op));
-                        return Ok(());
+                        return;
                     }
                 }
                 self.tallies[tenant].gave_up += 1;
                 self.ops[op as usize].done = true;
             }
         }
-        Ok(())
     }
 
     /// Sends a call to the provider: refused at once when all its places are taken.
@@ -374,19 +373,17 @@ impl<'a, S: Store> Sim<'a, S> {
         if !self.ops[op as usize].started {
             self.ops[op as usize].started = true;
             let wait = (now - a.t_ms).max(0);
-            self.tallies[a.tenant]
-                .waits
-                .push(wait.min(u32::MAX as i64) as u32);
+            self.waits[a.tenant].push(wait.min(u32::MAX as i64) as u32);
             let w = &mut self.interval_waits[a.tenant];
             *w = (w.0 + wait as f64, w.1 + 1);
         }
         let p = &self.sim.provider;
+        let rate_limited = Call::Failed {
+            kind: "rate_limited",
+            retry_after_ms: Some(p.failures.rate_limited_retry_after_ms),
+        };
         if self.in_flight >= p.concurrency {
-            let call = Call::Failed {
-                kind: "rate_limited",
-                retry_after_ms: Some(p.failures.rate_limited_retry_after_ms),
-            };
-            let end = now + p.failures.fail_after_ms as i64;
+            let (end, call) = (now + p.failures.fail_after_ms as i64, rate_limited);
             self.push(
                 end,
                 Event::CallEnd {
@@ -413,12 +410,7 @@ impl<'a, S: Store> Sim<'a, S> {
         let (after, call) = if u < f.unknown {
             (service, Call::Unknown { output_tokens })
         } else if u < f.unknown + f.rate_limited {
-            let retry_after_ms = Some(f.rate_limited_retry_after_ms);
-            let call = Call::Failed {
-                kind: "rate_limited",
-                retry_after_ms,
-            };
-            (f.fail_after_ms as i64, call)
+            (f.fail_after_ms as i64, rate_limited)
         } else if u < f.unknown + f.rate_limited + f.unavailable {
             let call = Call::Failed {
                 kind: "unavailable",
@@ -448,7 +440,7 @@ impl<'a, S: Store> Sim<'a, S> {
         worker: Option<u32>,
         held: bool,
         call: Call,
-    ) -> Result<(), String> {
+    ) {
         if held {
             self.in_flight -= 1;
         }
@@ -459,7 +451,7 @@ impl<'a, S: Store> Sim<'a, S> {
         let (result, usage, failure, retry_after) = match call {
             Call::Succeeded { output_tokens } => (
                 CallResult::Succeeded,
-                Some(self.usage(a, output_tokens)),
+                Some(usage(a, output_tokens)),
                 None,
                 None,
             ),
@@ -492,7 +484,6 @@ impl<'a, S: Store> Sim<'a, S> {
             },
             Then::Completed { op, attempt, call },
         ));
-        Ok(())
     }
 
     fn completed(
@@ -517,7 +508,7 @@ impl<'a, S: Store> Sim<'a, S> {
                 tally.completed += 1;
                 tally.tokens += a.input_tokens + output_tokens;
                 let latency = (now - a.t_ms).clamp(0, u32::MAX as i64) as u32;
-                tally.latencies.push(latency);
+                self.latencies[a.tenant].push(latency);
                 if now > a.deadline_ms {
                     tally.past_deadline += 1;
                 }
@@ -553,26 +544,13 @@ impl<'a, S: Store> Sim<'a, S> {
         Ok(())
     }
 
-    fn usage(&self, a: &Arrival, output_tokens: u64) -> Usage {
-        Usage {
-            input_tokens: a.input_tokens,
-            output_tokens,
-        }
-    }
-
-    fn reconcile(
-        &mut self,
-        now: i64,
-        op: u32,
-        attempt: u32,
-        output_tokens: u64,
-    ) -> Result<(), String> {
+    fn reconcile(&mut self, now: i64, op: u32, attempt: u32, output_tokens: u64) {
         let a = self.arrival(op);
         let rec = Reconciliation {
             tenant: self.load.tenants[a.tenant].clone(),
             key: key_of(op),
             resolution: CallResult::Succeeded,
-            usage: Some(self.usage(a, output_tokens)),
+            usage: Some(usage(a, output_tokens)),
             result_ref: None,
             worker: None,
             attempt: Some(attempt),
@@ -584,18 +562,15 @@ impl<'a, S: Store> Sim<'a, S> {
             },
             Then::Reconciled { op, output_tokens },
         ));
-        Ok(())
     }
 
-    fn reconciled(&mut self, op: u32, output_tokens: u64) -> Result<(), String> {
+    fn reconciled(&mut self, op: u32, output_tokens: u64) {
         let a = self.arrival(op);
-        let tally = &mut self.tallies[a.tenant];
-        tally.tokens += a.input_tokens + output_tokens;
+        self.tallies[a.tenant].tokens += a.input_tokens + output_tokens;
         self.ops[op as usize].done = true;
-        Ok(())
     }
 
-    fn poll(&mut self, now: i64, w: u32) -> Result<(), String> {
+    fn poll(&mut self, now: i64, w: u32) {
         let free = self
             .sim
             .workers
@@ -610,28 +585,24 @@ impl<'a, S: Store> Sim<'a, S> {
             self.pending.push((job, Then::Dispatched(w)));
         }
         self.push(now + self.sim.workers.poll_ms as i64, Event::Poll(w));
-        Ok(())
     }
 
-    fn dispatched(&mut self, now: i64, w: u32, answer: DispatchAnswer) -> Result<(), String> {
-        {
-            for job in answer.expired {
-                if let Some(op) = id_of(&job.key) {
-                    let tenant = self.arrival(op).tenant;
-                    self.tallies[tenant].expired += 1;
-                    self.tallies[tenant].past_deadline += 1;
-                    self.ops[op as usize].done = true;
-                }
-            }
-            for claim in answer.claimed {
-                let Some(op) = id_of(&claim.key) else {
-                    continue;
-                };
-                self.worker_busy[w as usize] += 1;
-                self.start_call(now, op, claim.attempt, claim.max_output_tokens, Some(w));
+    fn dispatched(&mut self, now: i64, w: u32, answer: DispatchAnswer) {
+        for job in answer.expired {
+            if let Some(op) = id_of(&job.key) {
+                let tenant = self.arrival(op).tenant;
+                self.tallies[tenant].expired += 1;
+                self.tallies[tenant].past_deadline += 1;
+                self.ops[op as usize].done = true;
             }
         }
-        Ok(())
+        for claim in answer.claimed {
+            let Some(op) = id_of(&claim.key) else {
+                continue;
+            };
+            self.worker_busy[w as usize] += 1;
+            self.start_call(now, op, claim.attempt, claim.max_output_tokens, Some(w));
+        }
     }
 
     /// Runs the engine work gathered for time `now` in one transaction (each job all or
@@ -648,14 +619,14 @@ impl<'a, S: Store> Sim<'a, S> {
         for (then, answer) in thens.into_iter().zip(answers) {
             let answer = answer.map_err(|e| e.to_string())?;
             match (then, answer) {
-                (Then::Admitted(op), Answer::Decision(d)) => self.admitted(op, now, d)?,
+                (Then::Admitted(op), Answer::Decision(d)) => self.admitted(op, now, d),
                 (Then::Completed { op, attempt, call }, Answer::Completion(c)) => {
                     self.completed(now, op, attempt, call, c)?
                 }
                 (Then::Reconciled { op, output_tokens }, Answer::Completion(_)) => {
-                    self.reconciled(op, output_tokens)?
+                    self.reconciled(op, output_tokens)
                 }
-                (Then::Dispatched(w), Answer::Dispatch(d)) => self.dispatched(now, w, d)?,
+                (Then::Dispatched(w), Answer::Dispatch(d)) => self.dispatched(now, w, d),
                 (_, other) => return Err(format!("the engine answered {other:?} out of turn")),
             }
         }
@@ -701,34 +672,23 @@ impl<'a, S: Store> Sim<'a, S> {
         let all_tokens: u64 = self.tallies.iter().map(|t| t.tokens).sum();
         let all_completed: u64 = self.tallies.iter().map(|t| t.completed).sum();
         let share = |x: u64, of: u64| if of == 0 { 0.0 } else { x as f64 / of as f64 };
-        let mut tenants = BTreeMap::new();
         let mut weighted = Vec::new();
         for (i, t) in self.tallies.iter_mut().enumerate() {
-            let weight = self.weights[i];
-            weighted.push(t.tokens as f64 / weight.max(1) as f64);
-            tenants.insert(
-                self.load.tenants[i].clone(),
-                TenantSummary {
-                    weight,
-                    offered: t.offered,
-                    admitted: t.admitted,
-                    refused_total: t.refused.values().sum(),
-                    refused: std::mem::take(&mut t.refused),
-                    gave_up: t.gave_up,
-                    expired: t.expired,
-                    completed: t.completed,
-                    failed_final: t.failed_final,
-                    unknown: t.unknown,
-                    past_deadline: t.past_deadline,
-                    pending_at_end: t.pending_at_end,
-                    wait_ms: Percentiles::of(&mut t.waits),
-                    latency_ms: Percentiles::of(&mut t.latencies),
-                    tokens: t.tokens,
-                    token_share: share(t.tokens, all_tokens),
-                    request_share: share(t.completed, all_completed),
-                },
-            );
+            t.weight = self.weights[i];
+            weighted.push(t.tokens as f64 / t.weight.max(1) as f64);
+            t.refused_total = t.refused.values().sum();
+            t.wait_ms = Percentiles::of(&mut self.waits[i]);
+            t.latency_ms = Percentiles::of(&mut self.latencies[i]);
+            t.token_share = share(t.tokens, all_tokens);
+            t.request_share = share(t.completed, all_completed);
         }
+        let tenants: BTreeMap<String, TenantSummary> = self
+            .load
+            .tenants
+            .iter()
+            .cloned()
+            .zip(self.tallies)
+            .collect();
         let occupancy = &self.series.occupancy;
         let overall = Overall {
             offered: tenants.values().map(|t| t.offered).sum(),
@@ -753,5 +713,13 @@ impl<'a, S: Store> Sim<'a, S> {
             series: self.series,
             tenants: self.load.tenants.clone(),
         }
+    }
+}
+
+/// What the provider reports for a call of `a` that wrote `output_tokens`.
+fn usage(a: &Arrival, output_tokens: u64) -> Usage {
+    Usage {
+        input_tokens: a.input_tokens,
+        output_tokens,
     }
 }

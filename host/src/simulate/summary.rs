@@ -4,37 +4,6 @@
 use serde::Serialize;
 use std::collections::BTreeMap;
 
-/// Counts and samples for one tenant, gathered while the run goes.
-#[derive(Clone, Debug, Default)]
-pub struct Tally {
-    /// Requests that arrived.
-    pub offered: u64,
-    /// Operations admitted at least once (accepted or queued).
-    pub admitted: u64,
-    /// Refusals by reason (a caller asking again is refused again).
-    pub refused: BTreeMap<String, u64>,
-    /// Callers that stopped asking after a refusal.
-    pub gave_up: u64,
-    /// Durable jobs whose deadline passed in the queue.
-    pub expired: u64,
-    /// Calls that succeeded.
-    pub completed: u64,
-    /// Operations that failed for good.
-    pub failed_final: u64,
-    /// Calls whose outcome was unknown (reconciled later).
-    pub unknown: u64,
-    /// Callers whose deadline passed before their answer: expired, late, or still waiting.
-    pub past_deadline: u64,
-    /// Operations unfinished when the simulation ended.
-    pub pending_at_end: u64,
-    /// Arrival to the first provider call, per operation that reached one (ms).
-    pub waits: Vec<u32>,
-    /// Arrival to success (ms).
-    pub latencies: Vec<u32>,
-    /// Tokens the provider reported for finished calls.
-    pub tokens: u64,
-}
-
 /// The time series of one run, one point per sample.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Series {
@@ -84,30 +53,31 @@ impl Percentiles {
     }
 }
 
-/// One tenant in `summary.json`.
-#[derive(Clone, Debug, Serialize)]
+/// One tenant in `summary.json`. The run counts into it as it goes; the weight, the
+/// total of refusals, the percentiles and the shares are filled in at the end.
+#[derive(Clone, Debug, Default, Serialize)]
 pub struct TenantSummary {
     /// Its dispatch weight.
     pub weight: u32,
     /// Requests that arrived.
     pub offered: u64,
-    /// Operations admitted (accepted or queued).
+    /// Operations admitted at least once (accepted or queued).
     pub admitted: u64,
-    /// Refusals by reason.
+    /// Refusals by reason (a caller asking again is refused again).
     pub refused: BTreeMap<String, u64>,
     /// All refusals.
     pub refused_total: u64,
-    /// Callers that stopped asking.
+    /// Callers that stopped asking after a refusal.
     pub gave_up: u64,
-    /// Jobs expired in the queue.
+    /// Durable jobs whose deadline passed in the queue.
     pub expired: u64,
     /// Calls that succeeded.
     pub completed: u64,
     /// Operations failed for good.
     pub failed_final: u64,
-    /// Calls with an unknown outcome.
+    /// Calls whose outcome was unknown (reconciled later).
     pub unknown: u64,
-    /// Callers whose deadline passed before their answer.
+    /// Callers whose deadline passed before their answer: expired, late, or still waiting.
     pub past_deadline: u64,
     /// Operations unfinished at the end.
     pub pending_at_end: u64,
@@ -115,7 +85,7 @@ pub struct TenantSummary {
     pub wait_ms: Percentiles,
     /// Arrival to success.
     pub latency_ms: Percentiles,
-    /// Tokens served.
+    /// Tokens the provider reported for finished calls.
     pub tokens: u64,
     /// This tenant's part of all tokens served.
     pub token_share: f64,
