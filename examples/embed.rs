@@ -19,7 +19,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // One store (a file for durability; in memory here), one runtime, one policy.
     let store = SqliteStore::in_memory()?;
     let runtime = Runtime::new()?;
-    let policy = runtime.load(builtin::get("standard").unwrap(), config.max_policy_bytes)?;
+    let policy = runtime.load(builtin::get("standard").unwrap(), config.policy_limits())?;
     let engine = Engine::new(config, store, runtime, Arc::new(policy));
 
     // Time is an argument: your clock, in milliseconds (the deadline uses the same clock).

@@ -37,7 +37,9 @@ fn the_quiet_hours_example_builds_and_decides() {
     let bytes = std::fs::read(tollgate::scenario::default_fixtures().join("quiet-hours.wasm"))
         .expect("the build made the example policy");
     let runtime = tollgate::runtime::Runtime::new().unwrap();
-    let policy = runtime.load(&bytes, u64::MAX).unwrap();
+    let policy = runtime
+        .load(&bytes, tollgate::runtime::PolicyLimits::DEFAULT.any_size())
+        .unwrap();
     assert_eq!(policy.info.name, "quiet-hours");
 }
 

@@ -10,14 +10,20 @@ fn main() {
     for _ in 0..5 {
         let runtime = Runtime::new().unwrap();
         let t = Instant::now();
-        runtime.load(bytes, u64::MAX).unwrap();
+        runtime
+            .load(bytes, tollgate::runtime::PolicyLimits::DEFAULT.any_size())
+            .unwrap();
         cold.push(t.elapsed().as_secs_f64() * 1e3);
     }
     let runtime = Runtime::new().unwrap();
-    runtime.load(bytes, u64::MAX).unwrap();
+    runtime
+        .load(bytes, tollgate::runtime::PolicyLimits::DEFAULT.any_size())
+        .unwrap();
     let t = Instant::now();
     for _ in 0..100 {
-        runtime.load(bytes, u64::MAX).unwrap();
+        runtime
+            .load(bytes, tollgate::runtime::PolicyLimits::DEFAULT.any_size())
+            .unwrap();
     }
     let warm = t.elapsed().as_secs_f64() * 1e3 / 100.0;
     cold.sort_by(f64::total_cmp);

@@ -11,7 +11,10 @@ use tollgate::runtime::{
 fn main() {
     let runtime = Runtime::new().unwrap();
     let wasm = runtime
-        .load(builtin::get("standard").unwrap(), u64::MAX)
+        .load(
+            builtin::get("standard").unwrap(),
+            tollgate::runtime::PolicyLimits::DEFAULT.any_size(),
+        )
         .unwrap();
     let native = tollgate_bench::native::NativeStandard::default();
     let params = Arc::new(Params::default());

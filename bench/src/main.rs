@@ -263,7 +263,10 @@ fn bench_admissions(a: &AdmitBenchArgs) -> Result<ExitCode, String> {
     let runtime = Runtime::new().map_err(|e| e.to_string())?;
     let wasm: Arc<dyn Decider> = Arc::new(
         runtime
-            .load(builtin::get("standard").unwrap(), u64::MAX)
+            .load(
+                builtin::get("standard").unwrap(),
+                tollgate::runtime::PolicyLimits::DEFAULT.any_size(),
+            )
             .map_err(|e| e.to_string())?,
     );
     let native: Arc<dyn Decider> = Arc::new(native::NativeStandard::default());

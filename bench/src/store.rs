@@ -102,7 +102,10 @@ pub fn dispatch(
 
     let runtime = Runtime::new().map_err(|e| e.to_string())?;
     let policy = runtime
-        .load(builtin::get("standard").unwrap(), u64::MAX)
+        .load(
+            builtin::get("standard").unwrap(),
+            tollgate::runtime::PolicyLimits::DEFAULT.any_size(),
+        )
         .map_err(|e| e.to_string())?;
     let engine = Engine::new(dispatch_config(tenants), store, runtime, Arc::new(policy));
     let started = Instant::now();

@@ -329,7 +329,7 @@ impl Runner {
                     resolve_policy(&spec, base, &self.fixtures).map_err(|m| self.err(s, m))?;
                 let loaded = self
                     .runtime
-                    .load(&bytes, s.config.max_policy_bytes)
+                    .load(&bytes, s.config.policy_limits())
                     .map_err(|e| self.err(s, e.to_string()))?;
                 Arc::new(loaded)
             }

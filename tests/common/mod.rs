@@ -23,7 +23,10 @@ pub fn engine_on<S: Store>(config: Value, store: S, policy: &str) -> Engine<S> {
     let runtime = Runtime::new().expect("wasmtime starts");
     let config = Config::from_json(&config).expect("valid configuration");
     let policy = runtime
-        .load(&policy_bytes(policy), u64::MAX)
+        .load(
+            &policy_bytes(policy),
+            tollgate::runtime::PolicyLimits::DEFAULT.any_size(),
+        )
         .expect("policy loads");
     Engine::new(config, store, runtime, Arc::new(policy))
 }

@@ -62,7 +62,7 @@ pub fn engine_with(
     let runtime = tollgate_cli::runtime::runtime()?;
     let bytes = builtin::resolve(spec, None)?;
     let policy = runtime
-        .load(&bytes, config.max_policy_bytes)
+        .load(&bytes, config.policy_limits())
         .map_err(|e| e.to_string())?;
     Ok(Engine::new(config, store, runtime, Arc::new(policy)))
 }

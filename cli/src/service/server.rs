@@ -38,7 +38,7 @@ pub fn build_with(
     let gateway = crate::gateway::Gateway::from_config(&config)?;
     let bytes = builtin::resolve(&config.policy, None)?;
     let policy: LoadedPolicy = runtime
-        .load(&bytes, config.engine.max_policy_bytes)
+        .load(&bytes, config.engine.policy_limits())
         .map_err(|e| e.to_string())?;
     let engine = Arc::new(Engine::new(config.engine, store, runtime, Arc::new(policy)));
     // The configured policy must pass the same checks as a swapped-in one; it is already

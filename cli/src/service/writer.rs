@@ -236,7 +236,10 @@ mod tests {
     fn answers_reach_a_submitter_whose_runtime_started_after_another_ended() {
         let runtime = Runtime::new().unwrap();
         let policy = runtime
-            .load(builtin::get("standard").unwrap(), u64::MAX)
+            .load(
+                builtin::get("standard").unwrap(),
+                tollgate::runtime::PolicyLimits::DEFAULT.any_size(),
+            )
             .unwrap();
         let config = Config::from_json(&serde_json::json!({"tenants": {"a": {}}})).unwrap();
         let store = AnyStore::Sqlite(SqliteStore::in_memory().unwrap());

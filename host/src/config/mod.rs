@@ -11,6 +11,7 @@ pub use gateway::{GatewayConfig, GatewayModel, Upstream, TOKENIZERS};
 
 use crate::bucket::Limits;
 use crate::model::names;
+use crate::runtime::{PolicyLimits, MAX_POLICY_MEMORY};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -142,6 +143,8 @@ fn explicit_option<'de, D: serde::Deserializer<'de>>(
 pub(crate) struct LimitsInput {
     pub(crate) max_request_bytes: Option<u64>,
     pub(crate) max_policy_bytes: Option<u64>,
+    pub(crate) policy_memory_bytes: Option<u64>,
+    pub(crate) policy_fuel: Option<u64>,
     pub(crate) max_call_ms: Option<u64>,
 }
 
@@ -221,6 +224,10 @@ pub struct Config {
     pub max_request_bytes: u64,
     /// Largest policy component accepted.
     pub max_policy_bytes: u64,
+    /// Linear memory one guest call of the policy may grow to.
+    pub policy_memory_bytes: u64,
+    /// Fuel for one guest call of the policy.
+    pub policy_fuel: u64,
     /// How long a call may stay `active` before the service calls it abandoned and makes
     /// it `unknown` (its slot still held, listed for reconciliation).
     pub max_call_ms: u64,
@@ -343,7 +350,18 @@ impl Config {
             global_concurrency: input.global.concurrency.unwrap_or(8),
             tenants,
             max_request_bytes: input.limits.max_request_bytes.unwrap_or(65536),
-            max_policy_bytes: input.limits.max_policy_bytes.unwrap_or(16 * 1024 * 1024),
+            max_policy_bytes: input
+                .limits
+                .max_policy_bytes
+                .unwrap_or(PolicyLimits::DEFAULT.max_bytes),
+            policy_memory_bytes: input
+                .limits
+                .policy_memory_bytes
+                .unwrap_or(PolicyLimits::DEFAULT.memory_bytes),
+            policy_fuel: input
+                .limits
+                .policy_fuel
+                .unwrap_or(PolicyLimits::DEFAULT.fuel),
             max_call_ms: input.limits.max_call_ms.unwrap_or(DEFAULT_MAX_CALL_MS),
             retention_ms: match input.retention.operations_days {
                 None => Some(DEFAULT_RETENTION_DAYS * DAY_MS),
@@ -369,7 +387,26 @@ impl Config {
         Ok(config)
     }
 
+    /// What the policy may use: its size, and per guest call its memory and fuel.
+    pub fn policy_limits(&self) -> PolicyLimits {
+        PolicyLimits {
+            max_bytes: self.max_policy_bytes,
+            memory_bytes: self.policy_memory_bytes,
+            fuel: self.policy_fuel,
+        }
+    }
+
     fn check(&self) -> Result<(), ConfigError> {
+        if !(1 << 20..=MAX_POLICY_MEMORY).contains(&self.policy_memory_bytes) {
+            return Err(ConfigError(format!(
+                "limits.policy_memory_bytes must be from 1048576 (1 MiB) to {MAX_POLICY_MEMORY} (1 GiB)"
+            )));
+        }
+        if !(MIN_POLICY_FUEL..=MAX_POLICY_FUEL).contains(&self.policy_fuel) {
+            return Err(ConfigError(format!(
+                "limits.policy_fuel must be from {MIN_POLICY_FUEL} to {MAX_POLICY_FUEL}"
+            )));
+        }
         let mut buckets = vec![(names::GLOBAL_REQUESTS.to_string(), self.global_requests)];
         for (model, m) in self.models.iter().flatten() {
             if model.is_empty() || model.len() > crate::validate::MAX_MODEL_BYTES {
@@ -507,6 +544,11 @@ fn overlay(base: &TenantConfig, o: &TenantOverlay) -> TenantConfig {
 pub const DEFAULT_MAX_CALL_MS: u64 = 600_000;
 /// `retention.operations_days` when not given.
 pub const DEFAULT_RETENTION_DAYS: u64 = 30;
+/// Least fuel a configuration may give a guest call: a Rust decision uses a few thousand
+/// units, and the policy's self-check runs under the same bound.
+pub const MIN_POLICY_FUEL: u64 = 1_000_000;
+/// Most fuel a configuration may give a guest call: about ten seconds of guest work.
+pub const MAX_POLICY_FUEL: u64 = 100_000_000_000;
 const DAY_MS: u64 = 86_400_000;
 
 /// Longest string `policy_params` value, in bytes.

@@ -107,7 +107,10 @@ impl<S: Store> Engine<S> {
                 ))))
             }
             (Some(_), Some(bytes)) => {
-                let stored: Arc<dyn Decider> = Arc::new(self.runtime.load(&bytes, u64::MAX)?);
+                let stored: Arc<dyn Decider> = Arc::new(
+                    self.runtime
+                        .load(&bytes, self.config().policy_limits().any_size())?,
+                );
                 let configured = PolicyIdentity::of(current.as_ref());
                 let identity = PolicyIdentity::of(stored.as_ref());
                 self.set_policies(stored, None);
@@ -173,7 +176,10 @@ impl<S: Store> Engine<S> {
         };
         let previous: Arc<dyn Decider> = match (local_previous, bytes) {
             (Some(p), _) if p.digest().to_string() == previous_digest => p,
-            (_, Some(bytes)) => Arc::new(self.runtime.load(&bytes, u64::MAX)?),
+            (_, Some(bytes)) => Arc::new(
+                self.runtime
+                    .load(&bytes, self.config().policy_limits().any_size())?,
+            ),
             _ => {
                 return Err(SwapError::Store(StoreError::Schema(format!(
                     "the store's previous policy {previous_digest} has no component"
@@ -226,7 +232,10 @@ impl<S: Store> Engine<S> {
         }
         let mut changed = None;
         if let Some(bytes) = bytes {
-            let policy: Arc<dyn Decider> = Arc::new(self.runtime.load(&bytes, u64::MAX)?);
+            let policy: Arc<dyn Decider> = Arc::new(
+                self.runtime
+                    .load(&bytes, self.config().policy_limits().any_size())?,
+            );
             changed = Some(self.activate(policy));
         }
         self.sync_shadow(state.shadow)?;
@@ -253,7 +262,10 @@ impl<S: Store> Engine<S> {
                         .ok_or_else(|| {
                             StoreError::Schema(format!("shadow policy {digest} has no component"))
                         })?;
-                    let policy: Arc<dyn Decider> = Arc::new(self.runtime.load(&bytes, u64::MAX)?);
+                    let policy: Arc<dyn Decider> = Arc::new(
+                        self.runtime
+                            .load(&bytes, self.config().policy_limits().any_size())?,
+                    );
                     self.set_shadow_here(policy, ppm);
                 }
             }

@@ -77,7 +77,7 @@ impl<S: Store> Engine<S> {
     /// Checks a candidate policy as the engine would use it, without touching this engine's
     /// state: the world, its self-check, and smoke decisions in a scratch in-memory store.
     pub fn check_candidate(&self, bytes: &[u8]) -> Result<Arc<dyn Decider>, SwapError> {
-        let candidate = self.runtime.load(bytes, self.config().max_policy_bytes)?;
+        let candidate = self.runtime.load(bytes, self.config().policy_limits())?;
         match candidate.self_check(DecisionView::scratch(self.params.clone())) {
             Err(fault) => return Err(LoadError::Fault(fault).into()),
             Ok(Err(message)) => return Err(LoadError::SelfCheck(message).into()),

@@ -2,12 +2,14 @@
 //! budget of host calls.
 
 use super::bindings;
+use super::sealed_wasi::SealedWasi;
 use super::{
     BucketKind, BucketLevel, DecisionView, LogLevel, SlotLevel, SlotScope, HOST_CALLS_PER_CALL,
     MAX_PARAM_NAME_BYTES,
 };
 use std::sync::atomic::{AtomicU64, Ordering};
 use wasmtime::StoreLimits;
+use wasmtime_wasi::{WasiCtxView, WasiView};
 
 /// `log` lines one call of an export may write; later ones are dropped and counted.
 pub const LOG_LINES_PER_CALL: u32 = 8;
@@ -31,6 +33,9 @@ pub(super) struct LogContext {
 /// The per-decision store data.
 pub(super) struct HostState {
     view: DecisionView,
+    /// The sealed WASI context, made on the guest's first WASI call (`None` for a policy that
+    /// imports no WASI).
+    wasi: Option<SealedWasi>,
     pub(super) limits: StoreLimits,
     /// Host calls this guest call may still make (see [`HOST_CALLS_PER_CALL`]).
     host_calls_left: u32,
@@ -42,6 +47,7 @@ impl HostState {
     pub(super) fn new(view: DecisionView, limits: StoreLimits, log: LogContext) -> Self {
         HostState {
             view,
+            wasi: None,
             limits,
             host_calls_left: HOST_CALLS_PER_CALL,
             log_lines_left: LOG_LINES_PER_CALL,
@@ -59,6 +65,56 @@ impl HostState {
             None => Err(wasmtime::Error::msg(format!(
                 "the policy made more than {HOST_CALLS_PER_CALL} host calls in one call"
             ))),
+        }
+    }
+
+    /// What the guest wrote to stdout (info) and stderr (warn) in this call, as log lines
+    /// under the same bounds as `log`.
+    pub(super) fn flush_output(&mut self) {
+        let Some(wasi) = self.wasi.as_mut() else {
+            return;
+        };
+        let (stdout, stderr) = wasi.take_output();
+        for (level, text) in [(LogLevel::Info, stdout), (LogLevel::Warn, stderr)] {
+            for line in text.lines().filter(|l| !l.trim().is_empty()) {
+                self.write_log(level, line.to_string());
+            }
+        }
+    }
+
+    /// One line into the host's log, counted against the call's bound.
+    fn write_log(&mut self, level: LogLevel, message: String) {
+        let Some(left) = self.log_lines_left.checked_sub(1) else {
+            LOG_LINES_DROPPED.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        self.log_lines_left = left;
+        let message = super::bounded_to(message, MAX_LOG_LINE_BYTES);
+        let (digest, key) = (&self.log.digest, &self.log.key);
+        match level {
+            LogLevel::Debug => {
+                tracing::debug!(target: "tollgate::policy", policy = %digest, key = %key, "{message}")
+            }
+            LogLevel::Info => {
+                tracing::info!(target: "tollgate::policy", policy = %digest, key = %key, "{message}")
+            }
+            LogLevel::Warn => {
+                tracing::warn!(target: "tollgate::policy", policy = %digest, key = %key, "{message}")
+            }
+            LogLevel::Error => {
+                tracing::error!(target: "tollgate::policy", policy = %digest, key = %key, "{message}")
+            }
+        }
+    }
+}
+
+impl WasiView for HostState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        let view = &self.view;
+        let wasi = self.wasi.get_or_insert_with(|| SealedWasi::new(view));
+        WasiCtxView {
+            ctx: &mut wasi.ctx,
+            table: &mut wasi.table,
         }
     }
 }
@@ -95,27 +151,7 @@ impl bindings::tollgate::policy::host::Host for HostState {
 
     fn log(&mut self, level: LogLevel, message: String) -> wasmtime::Result<()> {
         self.host_call()?;
-        let Some(left) = self.log_lines_left.checked_sub(1) else {
-            LOG_LINES_DROPPED.fetch_add(1, Ordering::Relaxed);
-            return Ok(());
-        };
-        self.log_lines_left = left;
-        let message = super::bounded_to(message, MAX_LOG_LINE_BYTES);
-        let (digest, key) = (&self.log.digest, &self.log.key);
-        match level {
-            LogLevel::Debug => {
-                tracing::debug!(target: "tollgate::policy", policy = %digest, key = %key, "{message}")
-            }
-            LogLevel::Info => {
-                tracing::info!(target: "tollgate::policy", policy = %digest, key = %key, "{message}")
-            }
-            LogLevel::Warn => {
-                tracing::warn!(target: "tollgate::policy", policy = %digest, key = %key, "{message}")
-            }
-            LogLevel::Error => {
-                tracing::error!(target: "tollgate::policy", policy = %digest, key = %key, "{message}")
-            }
-        }
+        self.write_log(level, message);
         Ok(())
     }
 

@@ -35,12 +35,14 @@ pub mod builtin;
 mod compiled_cache;
 mod digest;
 mod host;
+mod sealed_wasi;
 mod view;
 mod world_v1;
 
 pub use compiled_cache::CompiledCache;
 pub use digest::{hex, PolicyDigest};
 pub use host::{log_lines_dropped, LOG_LINES_PER_CALL, MAX_LOG_LINE_BYTES};
+pub use sealed_wasi::MAX_OUTPUT_BYTES;
 pub use view::{DecisionView, Jitter, Params};
 
 /// The world a component was built for.
@@ -68,12 +70,49 @@ impl fmt::Display for WorldVersion {
     }
 }
 
-/// Fuel for one guest call. A call that runs out traps; about 2 ms of guest work on the
-/// reference machine (measured by `runtime::tests::spin_is_stopped`), far above the few
-/// thousand units a standard decision uses.
-pub const FUEL_PER_CALL: u64 = 20_000_000;
-/// Linear memory one decision may grow to.
-pub const MEMORY_PER_CALL: usize = 32 << 20;
+/// The most linear memory any policy may be allowed per call (`limits.policy_memory_bytes`):
+/// the size of each slot of the instance pool.
+pub const MAX_POLICY_MEMORY: u64 = 1 << 30;
+
+/// What one policy may use: its size, and per guest call its memory and fuel. Set by the
+/// configuration's `limits` (docs/configuration.md); past any bound the call traps and the
+/// decision fails closed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PolicyLimits {
+    /// Largest component accepted, in bytes.
+    pub max_bytes: u64,
+    /// Linear memory one call may grow to, in bytes (at most [`MAX_POLICY_MEMORY`]).
+    pub memory_bytes: u64,
+    /// Fuel for one guest call (about one unit per wasm instruction).
+    pub fuel: u64,
+}
+
+impl PolicyLimits {
+    /// Fits an interpreter's component (componentize-py's is 18 MB and starts with about
+    /// 40 MiB of memory): 64 MiB of component, 128 MiB of memory, 200 million units of fuel
+    /// (tens of milliseconds of guest work; a standard decision in Python uses under a
+    /// million, in Rust a few thousand).
+    pub const DEFAULT: PolicyLimits = PolicyLimits {
+        max_bytes: 64 << 20,
+        memory_bytes: 128 << 20,
+        fuel: 200_000_000,
+    };
+
+    /// These limits with no bound on the component's size (for components already
+    /// accepted, such as those kept in the store).
+    pub fn any_size(self) -> Self {
+        PolicyLimits {
+            max_bytes: u64::MAX,
+            ..self
+        }
+    }
+}
+
+impl Default for PolicyLimits {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}
 /// Host calls one guest call may make. Fuel counts only guest instructions, and a host
 /// call costs far more than the few units of fuel its guest side does, so without a bound
 /// a module could spend a decision's fuel on millions of them. A standard decision makes
@@ -86,6 +125,11 @@ pub const MAX_PARAM_NAME_BYTES: usize = 256;
 /// How a core wasm module starts (magic and version 1); a component has another version
 /// and layer. A policy author's build makes a core module first.
 const CORE_MODULE_HEADER: &[u8] = b"\0asm\x01\0\0\0";
+
+/// Core instances and memories one guest call may have (a componentize-py component has
+/// about a dozen instances; a Rust one has one or two).
+const CORE_INSTANCES_PER_CALL: u32 = 32;
+const MEMORIES_PER_CALL: u32 = 2;
 
 /// Instances that may be live at once (decisions, self-checks and smoke decisions of
 /// candidates). Past that an instantiation fails, and the decision fails closed.
@@ -185,17 +229,22 @@ impl Runtime {
     pub fn new() -> wasmtime::Result<Self> {
         let mut config = wasmtime::Config::new();
         config.consume_fuel(true);
-        // Policies are small; a modest reservation keeps fresh instances cheap to map.
-        config.memory_reservation(MEMORY_PER_CALL as u64 * 2);
+        // Each pool slot reserves room for the largest memory a configuration may allow;
+        // only what a policy touches is ever backed.
+        config.memory_reservation(MAX_POLICY_MEMORY);
         config.memory_guard_size(64 << 10);
         // A fresh instance per decision is the isolation guarantee; the pooling allocator
         // makes it cheap (slots are reused, memory reset by copy-on-write, pages kept resident).
         let mut pool = wasmtime::PoolingAllocationConfig::default();
+        // An interpreter's component is a dozen core instances sharing one or two memories.
         pool.total_component_instances(POOL_SLOTS)
-            .total_core_instances(POOL_SLOTS * 2)
-            .total_memories(POOL_SLOTS)
-            .total_tables(POOL_SLOTS * 2)
-            .max_memory_size(MEMORY_PER_CALL)
+            .total_core_instances(POOL_SLOTS * CORE_INSTANCES_PER_CALL)
+            .total_memories(POOL_SLOTS * MEMORIES_PER_CALL)
+            .total_tables(POOL_SLOTS * CORE_INSTANCES_PER_CALL)
+            .max_core_instances_per_component(CORE_INSTANCES_PER_CALL)
+            .max_memories_per_component(MEMORIES_PER_CALL)
+            .max_tables_per_component(CORE_INSTANCES_PER_CALL)
+            .max_memory_size(MAX_POLICY_MEMORY as usize)
             .linear_memory_keep_resident(256 << 10)
             .table_keep_resident(16 << 10);
         config.allocation_strategy(wasmtime::InstanceAllocationStrategy::Pooling(pool));
@@ -203,6 +252,7 @@ impl Runtime {
         let mut linker = Linker::new(&engine);
         Policy::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
         world_v1::Policy::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
+        sealed_wasi::add_to_linker(&mut linker)?;
         Ok(Runtime {
             engine,
             linker: Arc::new(linker),
@@ -226,11 +276,11 @@ impl Runtime {
 
     /// Compiles a component, checks it against the world, and asks it to describe itself.
     /// The self-check is separate: see [`LoadedPolicy::self_check`].
-    pub fn load(&self, bytes: &[u8], max_bytes: u64) -> Result<LoadedPolicy, LoadError> {
-        if bytes.len() as u64 > max_bytes {
+    pub fn load(&self, bytes: &[u8], limits: PolicyLimits) -> Result<LoadedPolicy, LoadError> {
+        if bytes.len() as u64 > limits.max_bytes {
             return Err(LoadError::TooBig {
                 size: bytes.len(),
-                limit: max_bytes,
+                limit: limits.max_bytes,
             });
         }
         let digest = PolicyDigest::of(bytes);
@@ -279,6 +329,7 @@ impl Runtime {
             admit: export("admit")?,
             on_failure: export("on-failure")?,
             pre,
+            limits,
         };
         // The first instantiation goes through the bindings, which type-check every export
         // of `decide` against the world: from here on, `call_export` may trust the types.
@@ -431,6 +482,7 @@ pub struct LoadedPolicy {
     admit: ComponentExportIndex,
     on_failure: ComponentExportIndex,
     observer: Option<CallObserver>,
+    limits: PolicyLimits,
 }
 
 impl fmt::Debug for LoadedPolicy {
@@ -465,6 +517,7 @@ impl LoadedPolicy {
                     v1(&instance, &mut store)
                 }
             };
+            store.data_mut().flush_output();
             result.map_err(|e| PolicyFault::of("", &e))
         })
     }
@@ -482,10 +535,10 @@ impl LoadedPolicy {
     /// A store for one guest call about operation `key`, with its fuel and memory limits.
     fn store(&self, view: DecisionView, key: String) -> Result<Store<HostState>, PolicyFault> {
         let limits = StoreLimitsBuilder::new()
-            .memory_size(MEMORY_PER_CALL)
-            .instances(4)
-            .tables(8)
-            .memories(2)
+            .memory_size(self.limits.memory_bytes.min(MAX_POLICY_MEMORY) as usize)
+            .instances(CORE_INSTANCES_PER_CALL as usize)
+            .tables(CORE_INSTANCES_PER_CALL as usize)
+            .memories(MEMORIES_PER_CALL as usize)
             .trap_on_grow_failure(true)
             .build();
         let log = LogContext {
@@ -496,7 +549,7 @@ impl LoadedPolicy {
         let mut store = Store::new(engine, HostState::new(view, limits, log));
         store.limiter(|s| &mut s.limits);
         store
-            .set_fuel(FUEL_PER_CALL)
+            .set_fuel(self.limits.fuel)
             .map_err(|e| PolicyFault::of("", &e))?;
         Ok(store)
     }
@@ -528,9 +581,9 @@ impl LoadedPolicy {
             // them when it first instantiated it through the bindings; `admit` and
             // `on_failure` pass the types the bindings give these exports.
             let typed = unsafe { TypedFunc::<P, R>::new_unchecked(func) };
-            typed
-                .call(&mut store, params)
-                .map_err(|e| PolicyFault::of("", &e))
+            let result = typed.call(&mut store, params);
+            store.data_mut().flush_output();
+            result.map_err(|e| PolicyFault::of("", &e))
         })
     }
 
@@ -627,13 +680,20 @@ mod tests {
         };
         // A first process compiles and keeps the result.
         let first = runtime();
-        assert_eq!(first.load(bytes, u64::MAX).unwrap().info().name, "standard");
+        assert_eq!(
+            first
+                .load(bytes, PolicyLimits::DEFAULT)
+                .unwrap()
+                .info()
+                .name,
+            "standard"
+        );
         assert_eq!(first.compilations(), 1);
         let kept = entries();
         assert_eq!(kept.len(), 1, "{kept:?}");
         // A second process (a fresh engine) compiles nothing and decides the same way.
         let second = runtime();
-        let loaded = second.load(bytes, u64::MAX).unwrap();
+        let loaded = second.load(bytes, PolicyLimits::DEFAULT).unwrap();
         assert_eq!(second.compilations(), 0);
         assert_eq!(loaded.digest(), &PolicyDigest::of(bytes));
         // One byte changed, or the entry cut short: never loaded, compiled again, rewritten.
@@ -648,15 +708,22 @@ mod tests {
             damage(&mut b);
             std::fs::write(&kept[0], &b).unwrap();
             let third = runtime();
-            assert_eq!(third.load(bytes, u64::MAX).unwrap().info().name, "standard");
+            assert_eq!(
+                third
+                    .load(bytes, PolicyLimits::DEFAULT)
+                    .unwrap()
+                    .info()
+                    .name,
+                "standard"
+            );
             assert_eq!(third.compilations(), 1, "a damaged entry is compiled again");
             let fourth = runtime();
-            fourth.load(bytes, u64::MAX).unwrap();
+            fourth.load(bytes, PolicyLimits::DEFAULT).unwrap();
             assert_eq!(fourth.compilations(), 0, "and the sound entry is back");
         }
         // Another component has an entry of its own.
         runtime()
-            .load(builtin::get("deny-all").unwrap(), u64::MAX)
+            .load(builtin::get("deny-all").unwrap(), PolicyLimits::DEFAULT)
             .unwrap();
         assert_eq!(entries().len(), 2);
     }
@@ -665,7 +732,7 @@ mod tests {
     fn load_error(name: &str) -> (LoadError, String) {
         let err = Runtime::new()
             .unwrap()
-            .load(&fixture(name), u64::MAX)
+            .load(&fixture(name), PolicyLimits::DEFAULT)
             .unwrap_err();
         let text = err.to_string();
         (err, text)
@@ -688,11 +755,17 @@ mod tests {
     fn not_a_component_is_refused() {
         let rt = Runtime::new().unwrap();
         assert!(matches!(
-            rt.load(b"\0asm garbage", u64::MAX),
+            rt.load(b"\0asm garbage", PolicyLimits::DEFAULT),
             Err(LoadError::Compile(_))
         ));
         assert!(matches!(
-            rt.load(&[0u8; 100], 10),
+            rt.load(
+                &[0u8; 100],
+                PolicyLimits {
+                    max_bytes: 10,
+                    ..PolicyLimits::DEFAULT
+                }
+            ),
             Err(LoadError::TooBig { .. })
         ));
     }
@@ -702,7 +775,7 @@ mod tests {
         // The smallest core module: the header alone.
         let err = Runtime::new()
             .unwrap()
-            .load(b"\0asm\x01\0\0\0", u64::MAX)
+            .load(b"\0asm\x01\0\0\0", PolicyLimits::DEFAULT)
             .unwrap_err()
             .to_string();
         assert!(err.contains("core wasm module"), "{err}");
@@ -729,7 +802,7 @@ mod tests {
     #[test]
     fn what_a_hostile_module_says_about_itself_is_bounded() {
         let rt = Runtime::new().unwrap();
-        let load = |name| rt.load(&fixture(name), u64::MAX).unwrap();
+        let load = |name| rt.load(&fixture(name), PolicyLimits::DEFAULT).unwrap();
         let scratch = || DecisionView::scratch(Arc::default());
         // A self-check failing with 4 MiB of text.
         let message = load("verbose").self_check(scratch()).unwrap().unwrap_err();
@@ -751,7 +824,7 @@ mod tests {
     fn faulty_admit(key: &str) -> PolicyFault {
         let faulty = Runtime::new()
             .unwrap()
-            .load(&fixture("faulty"), u64::MAX)
+            .load(&fixture("faulty"), PolicyLimits::DEFAULT)
             .unwrap();
         let request = Request {
             tenant: "acme".into(),
@@ -818,9 +891,11 @@ mod tests {
     #[test]
     fn components_of_both_worlds_load_and_decide_alike() {
         let rt = Runtime::new().unwrap();
-        let old = rt.load(&world_v1("standard"), u64::MAX).unwrap();
+        let old = rt
+            .load(&world_v1("standard"), PolicyLimits::DEFAULT)
+            .unwrap();
         let new = rt
-            .load(builtin::get("standard").unwrap(), u64::MAX)
+            .load(builtin::get("standard").unwrap(), PolicyLimits::DEFAULT)
             .unwrap();
         assert_eq!(
             (old.world, new.world),
@@ -861,14 +936,16 @@ mod tests {
         let b = new.on_failure(view.clone(), &report).unwrap();
         assert_eq!(format!("{a:?}"), format!("{b:?}"));
         // An old module's traps still fail closed.
-        let faulty = rt.load(&world_v1("faulty"), u64::MAX).unwrap();
+        let faulty = rt.load(&world_v1("faulty"), PolicyLimits::DEFAULT).unwrap();
         assert!(faulty.admit(view, &request("trap-1")).is_err());
     }
 
     #[test]
     fn a_policy_reads_model_priority_labels_and_string_params_and_its_log_is_bounded() {
         let rt = Runtime::new().unwrap();
-        let p = rt.load(&fixture("shed-model"), u64::MAX).unwrap();
+        let p = rt
+            .load(&fixture("shed-model"), PolicyLimits::DEFAULT)
+            .unwrap();
         let mut view = DecisionView::scratch(Arc::default());
         view.params = Arc::new(Params {
             numbers: Default::default(),
@@ -895,7 +972,7 @@ mod tests {
     fn standard_policy_describes_itself() {
         let rt = Runtime::new().unwrap();
         let p = rt
-            .load(builtin::get("standard").unwrap(), u64::MAX)
+            .load(builtin::get("standard").unwrap(), PolicyLimits::DEFAULT)
             .unwrap();
         assert_eq!(p.info.name, "standard");
         assert_eq!(

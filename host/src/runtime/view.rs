@@ -23,7 +23,18 @@ impl Jitter {
         Jitter(u64::from_le_bytes(d[..8].try_into().unwrap()))
     }
 
-    fn next(&mut self) -> u64 {
+    /// Another stream from the same seed, told apart by `label` (WASI's random sources
+    /// read their own, so that they never repeat `host::random`'s draws).
+    pub fn fork(&self, label: &[u8]) -> Jitter {
+        let mut h = Sha256::new();
+        h.update(self.0.to_le_bytes());
+        h.update(label);
+        let d = h.finalize();
+        Jitter(u64::from_le_bytes(d[..8].try_into().unwrap()))
+    }
+
+    /// The next draw of the stream (SplitMix64).
+    pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -34,12 +45,12 @@ impl Jitter {
     /// Uniform in `[0, upper]`, without modulo bias.
     pub fn below_inclusive(&mut self, upper: u64) -> u64 {
         if upper == u64::MAX {
-            return self.next();
+            return self.next_u64();
         }
         let span = upper + 1;
         let zone = u64::MAX - (u64::MAX % span);
         loop {
-            let x = self.next();
+            let x = self.next_u64();
             if x < zone {
                 return x % span;
             }

@@ -89,7 +89,7 @@ pub fn run_plan(plan: &Plan, runtime: &Runtime, fixtures: &Path) -> Result<RunRe
     let bytes = resolve_policy(&plan.policy, sim.path.parent(), fixtures)?;
     let policy: Arc<dyn Decider> = Arc::new(
         runtime
-            .load(&bytes, plan.config.engine.max_policy_bytes)
+            .load(&bytes, plan.config.engine.policy_limits())
             .map_err(|e| format!("policy {}: {e}", plan.policy))?,
     );
     let store = SqliteStore::in_memory_file().map_err(|e| e.to_string())?;

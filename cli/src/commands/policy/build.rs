@@ -89,7 +89,10 @@ pub fn build(dir: &Path, out: Option<&Path>) -> Result<Built, String> {
 pub fn describe(path: &Path, component: &[u8]) -> Result<Built, String> {
     let runtime = tollgate_cli::runtime::runtime()?;
     let loaded = runtime
-        .load(component, u64::MAX)
+        .load(
+            component,
+            tollgate::runtime::PolicyLimits::DEFAULT.any_size(),
+        )
         .map_err(|e| format!("{}: {e}", path.display()))?;
     Ok(Built {
         path: path.to_path_buf(),

@@ -128,7 +128,7 @@ fn list() -> Result<ExitCode, String> {
     let runtime = tollgate_cli::runtime::runtime()?;
     for name in builtin::names() {
         let bytes = builtin::get(name).unwrap();
-        match runtime.load(bytes, u64::MAX) {
+        match runtime.load(bytes, tollgate::runtime::PolicyLimits::DEFAULT.any_size()) {
             Ok(p) => println!(
                 "{name}\t{}\tworld {}\t{}",
                 p.info.version, p.world, p.digest
