@@ -75,18 +75,101 @@ const RUST: &[File] = &[
     },
 ];
 
-/// The languages `policy new` knows.
-pub const LANGUAGES: &[&str] = &["rust"];
+/// The Python project: the templates of `cli/templates/python/` and the SDK of
+/// `guest/python/` with the world of `wit/0.2.0/`.
+const PYTHON: &[File] = &[
+    File {
+        path: "app.py",
+        text: include_str!("../../../templates/python/app.py.in"),
+    },
+    File {
+        path: "requirements.txt",
+        text: include_str!("../../../templates/python/requirements.txt"),
+    },
+    File {
+        path: ".gitignore",
+        text: include_str!("../../../templates/python/gitignore"),
+    },
+    File {
+        path: "README.md",
+        text: include_str!("../../../templates/python/README.md.in"),
+    },
+    File {
+        path: "scenarios/{name}.json",
+        text: include_str!("../../../templates/rust/scenario.json.in"),
+    },
+    File {
+        path: "sdk/tollgate_policy/__init__.py",
+        text: include_str!("../../../../guest/python/tollgate_policy/__init__.py"),
+    },
+    File {
+        path: "sdk/tollgate_policy/standard.py",
+        text: include_str!("../../../../guest/python/tollgate_policy/standard.py"),
+    },
+    File {
+        path: "wit/0.2.0/policy.wit",
+        text: include_str!("../../../../wit/0.2.0/policy.wit"),
+    },
+];
+
+/// The JavaScript project: the templates of `cli/templates/javascript/` and the SDK of
+/// `guest/javascript/` (with its TypeScript types) with the world of `wit/0.2.0/`.
+const JAVASCRIPT: &[File] = &[
+    File {
+        path: "policy.js",
+        text: include_str!("../../../templates/javascript/policy.js.in"),
+    },
+    File {
+        path: "package.json",
+        text: include_str!("../../../templates/javascript/package.json.in"),
+    },
+    File {
+        path: "jsconfig.json",
+        text: include_str!("../../../templates/javascript/jsconfig.json"),
+    },
+    File {
+        path: ".gitignore",
+        text: include_str!("../../../templates/javascript/gitignore"),
+    },
+    File {
+        path: "README.md",
+        text: include_str!("../../../templates/javascript/README.md.in"),
+    },
+    File {
+        path: "scenarios/{name}.json",
+        text: include_str!("../../../templates/rust/scenario.json.in"),
+    },
+    File {
+        path: "sdk/tollgate-policy.js",
+        text: include_str!("../../../../guest/javascript/tollgate-policy.js"),
+    },
+    File {
+        path: "sdk/tollgate-policy.d.ts",
+        text: include_str!("../../../../guest/javascript/tollgate-policy.d.ts"),
+    },
+    File {
+        path: "wit/0.2.0/policy.wit",
+        text: include_str!("../../../../wit/0.2.0/policy.wit"),
+    },
+];
+
+/// The languages `policy new` knows, with their projects.
+const LANGUAGES: &[(&str, &[File])] = &[
+    ("rust", RUST),
+    ("python", PYTHON),
+    ("javascript", JAVASCRIPT),
+];
 
 /// Writes a new project named after the last part of `dir` into `dir`, which must not exist
 /// or be empty. Returns the files written.
 pub fn new_project(dir: &Path, lang: &str) -> Result<Vec<String>, String> {
-    if lang != "rust" {
+    let Some((_, files)) = LANGUAGES.iter().find(|(l, _)| *l == lang) else {
+        let known: Vec<&str> = LANGUAGES.iter().map(|(l, _)| *l).collect();
         return Err(format!(
             "--lang {lang}: this build scaffolds {}",
-            LANGUAGES.join(", ")
+            known.join(", ")
         ));
-    }
+    };
     let name = dir
         .file_name()
         .and_then(|n| n.to_str())
@@ -110,7 +193,7 @@ pub fn new_project(dir: &Path, lang: &str) -> Result<Vec<String>, String> {
         return Err(format!("{} exists and is not empty", dir.display()));
     }
     let mut written = Vec::new();
-    for file in RUST {
+    for file in files.iter() {
         let path = dir.join(file.path.replace("{name}", name));
         if let Some(parent) = path.parent() {
             fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", parent.display()))?;

@@ -1,11 +1,9 @@
-//! `tollgate policy build`: a policy project's component, built in-process from the
-//! language's own build (Rust: `cargo build` for `wasm32-unknown-unknown` with the sandbox's
-//! link flags, then `wit-component`).
+//! A Rust project: `cargo build` for `wasm32-unknown-unknown` with the sandbox's link
+//! flags, then `wit-component` in-process.
 
-use sha2::{Digest, Sha256};
+use super::{describe, Built};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use tollgate::runtime::hex;
 
 const TARGET: &str = "wasm32-unknown-unknown";
 /// The link flags every policy is built with: a 16 KiB stack and 64 KiB of initial memory,
@@ -13,36 +11,10 @@ const TARGET: &str = "wasm32-unknown-unknown";
 const RUSTFLAGS: &str =
     "-C\x1flink-arg=-zstack-size=16384\x1f-C\x1flink-arg=--initial-memory=65536";
 
-/// A built component.
-pub struct Built {
-    pub path: PathBuf,
-    pub size: usize,
-    pub world: String,
-    pub sha256: String,
-    pub name: String,
-}
-
-impl Built {
-    /// The lines `policy build` prints.
-    pub fn print(&self) {
-        println!("{}", self.path.display());
-        println!("size\t{} bytes", self.size);
-        println!("world\ttollgate:policy@{}", self.world);
-        println!("sha256\t{}", self.sha256);
-        println!("policy\t{}", self.name);
-    }
-}
-
 /// Builds the Rust project in `dir` into a component at `out` (default:
-/// `DIR/target/NAME.wasm`).
+/// `DIR/target/NAME.wasm`, NAME the crate's).
 pub fn build(dir: &Path, out: Option<&Path>) -> Result<Built, String> {
     let manifest = dir.join("Cargo.toml");
-    if !manifest.is_file() {
-        return Err(format!(
-            "{}: no Cargo.toml (make a project with `tollgate policy new NAME`)",
-            dir.display()
-        ));
-    }
     check_target_installed()?;
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let output = Command::new(cargo)
@@ -83,24 +55,6 @@ pub fn build(dir: &Path, out: Option<&Path>) -> Result<Built, String> {
     }
     std::fs::write(&path, &component).map_err(|e| format!("{}: {e}", path.display()))?;
     describe(&path, &component)
-}
-
-/// What a component file is: its size, world, hash and the name it gives itself.
-pub fn describe(path: &Path, component: &[u8]) -> Result<Built, String> {
-    let runtime = tollgate_cli::runtime::runtime()?;
-    let loaded = runtime
-        .load(
-            component,
-            tollgate::runtime::PolicyLimits::DEFAULT.any_size(),
-        )
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    Ok(Built {
-        path: path.to_path_buf(),
-        size: component.len(),
-        world: loaded.world.to_string(),
-        sha256: hex(&Sha256::digest(component)),
-        name: format!("{} {}", loaded.info.name, loaded.info.version),
-    })
 }
 
 /// The `.wasm` of the cdylib in cargo's JSON messages.

@@ -1,0 +1,124 @@
+//! `tollgate policy build`: a policy project's component, made by its language's own
+//! toolchain, then loaded and described as activation would see it.
+//!
+//! The language is the project's: `Cargo.toml` is Rust, `app.py` is Python (componentize-py),
+//! `policy.js` is JavaScript (componentize-js, the builder `jco componentize` wraps).
+
+mod javascript;
+mod python;
+mod rust;
+
+use sha2::{Digest, Sha256};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use tollgate::runtime::hex;
+
+/// A built component.
+pub struct Built {
+    pub path: PathBuf,
+    pub size: usize,
+    pub world: String,
+    pub sha256: String,
+    pub name: String,
+}
+
+impl Built {
+    /// The lines `policy build` prints.
+    pub fn print(&self) {
+        println!("{}", self.path.display());
+        println!("size\t{} bytes", self.size);
+        println!("world\ttollgate:policy@{}", self.world);
+        println!("sha256\t{}", self.sha256);
+        println!("policy\t{}", self.name);
+    }
+}
+
+/// Builds the project in `dir` into a component at `out` (default: `DIR/target/NAME.wasm`).
+pub fn build(dir: &Path, out: Option<&Path>) -> Result<Built, String> {
+    if dir.join("Cargo.toml").is_file() {
+        rust::build(dir, out)
+    } else if dir.join(python::SOURCE).is_file() {
+        python::build(dir, out)
+    } else if dir.join(javascript::SOURCE).is_file() {
+        javascript::build(dir, out)
+    } else {
+        Err(format!(
+            "{}: not a policy project (no Cargo.toml, {} or {}; make one with \
+             `tollgate policy new NAME --lang rust|python|javascript`)",
+            dir.display(),
+            python::SOURCE,
+            javascript::SOURCE
+        ))
+    }
+}
+
+/// The project's name (its folder's) and where its component goes.
+fn name_and_output(dir: &Path, out: Option<&Path>) -> Result<(String, PathBuf), String> {
+    let full = std::fs::canonicalize(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let name = full
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("policy")
+        .to_string();
+    let path = match out {
+        Some(p) => p.to_path_buf(),
+        None => full.join("target").join(format!("{name}.wasm")),
+    };
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
+    }
+    Ok((name, path))
+}
+
+/// The world and SDK a Python or JavaScript project builds against, which `policy new`
+/// writes into it.
+fn check_layout(dir: &Path, sdk: &str) -> Result<(), String> {
+    for needed in ["wit/0.2.0/policy.wit", sdk] {
+        if !dir.join(needed).exists() {
+            return Err(format!(
+                "{}: missing {needed} (`tollgate policy new` writes it into a project)",
+                dir.display()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Runs `command`, all its output going to this process's stderr (stdout is the build's
+/// answer); an error names `what` failed.
+fn run(mut command: Command, what: &str) -> Result<(), String> {
+    let status = command
+        .stdout(std::process::Stdio::from(std::io::stderr()))
+        .stderr(std::process::Stdio::inherit())
+        .status()
+        .map_err(|e| format!("running {what}: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("{what} failed ({status})"))
+    }
+}
+
+/// Reads the component a toolchain wrote and describes it.
+fn finish(path: &Path) -> Result<Built, String> {
+    let component = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    describe(path, &component)
+}
+
+/// What a component file is: its size, world, hash and the name it gives itself.
+pub fn describe(path: &Path, component: &[u8]) -> Result<Built, String> {
+    let runtime = tollgate_cli::runtime::runtime()?;
+    let loaded = runtime
+        .load(
+            component,
+            tollgate::runtime::PolicyLimits::DEFAULT.any_size(),
+        )
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(Built {
+        path: path.to_path_buf(),
+        size: component.len(),
+        world: loaded.world.to_string(),
+        sha256: hex(&Sha256::digest(component)),
+        name: format!("{} {}", loaded.info.name, loaded.info.version),
+    })
+}
