@@ -7,6 +7,7 @@ extern crate alloc;
 pub mod gateway;
 pub mod http;
 pub mod native;
+pub mod policies;
 pub mod redis_peer;
 pub mod simulate;
 pub mod store;

@@ -41,6 +41,13 @@ struct AdmitBenchArgs {
     /// Print one JSON line at the end.
     #[arg(long)]
     json: bool,
+    /// Instead of the store workloads, the cost of one decision by each component named
+    /// here (repeatable), beside the built-in Rust policy and the same rules compiled natively.
+    #[arg(long = "policy")]
+    policies: Vec<PathBuf>,
+    /// With `--policy`: seconds of decisions per policy.
+    #[arg(long, default_value_t = 3.0)]
+    seconds: f64,
 }
 
 #[derive(Subcommand)]
@@ -257,6 +264,9 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
 }
 
 fn bench_admissions(a: &AdmitBenchArgs) -> Result<ExitCode, String> {
+    if !a.policies.is_empty() {
+        return bench_policies(a);
+    }
     use store::admissions;
     use tollgate::runtime::{builtin, Decider};
     let dir = tempfile_dir()?;
@@ -344,6 +354,30 @@ fn bench_admissions(a: &AdmitBenchArgs) -> Result<ExitCode, String> {
             "redis_lua_per_s": redis.map(f64::round),
         });
         println!("{line}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `--policy FILE...`: decisions per second and p50/p99 per decision, side by side.
+fn bench_policies(a: &AdmitBenchArgs) -> Result<ExitCode, String> {
+    let budget = std::time::Duration::from_secs_f64(a.seconds.clamp(0.1, 600.0));
+    let costs = tollgate_bench::policies::run(&a.policies, budget, a.ops.max(200))?;
+    println!("one decision (admit) in a fresh instance, one thread");
+    println!(
+        "{:<28} {:<28} {:>10} {:>12} {:>9} {:>9}",
+        "policy", "describes", "bytes", "decisions/s", "p50 us", "p99 us"
+    );
+    for c in &costs {
+        println!(
+            "{:<28} {:<28} {:>10} {:>12.0} {:>9.1} {:>9.1}",
+            c.policy, c.describes, c.bytes, c.per_s, c.p50_us, c.p99_us
+        );
+    }
+    if let (Some(native), Some(rust)) = (costs.first(), costs.get(1)) {
+        println!("rust wasm/native: {:.2}", rust.per_s / native.per_s);
+    }
+    if a.json {
+        println!("{}", serde_json::json!({ "policies": costs }));
     }
     Ok(ExitCode::SUCCESS)
 }

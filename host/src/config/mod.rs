@@ -545,8 +545,8 @@ pub const DEFAULT_MAX_CALL_MS: u64 = 600_000;
 /// `retention.operations_days` when not given.
 pub const DEFAULT_RETENTION_DAYS: u64 = 30;
 /// Least fuel a configuration may give a guest call: a Rust decision uses a few thousand
-/// units, and the policy's self-check runs under the same bound.
-pub const MIN_POLICY_FUEL: u64 = 1_000_000;
+/// units (the policy's self-check runs under the same bound); a Python one needs more.
+pub const MIN_POLICY_FUEL: u64 = 10_000;
 /// Most fuel a configuration may give a guest call: about ten seconds of guest work.
 pub const MAX_POLICY_FUEL: u64 = 100_000_000_000;
 const DAY_MS: u64 = 86_400_000;

@@ -88,14 +88,15 @@ pub struct PolicyLimits {
 }
 
 impl PolicyLimits {
-    /// Fits an interpreter's component (componentize-py's is 18 MB and starts with about
-    /// 40 MiB of memory): 64 MiB of component, 128 MiB of memory, 200 million units of fuel
-    /// (tens of milliseconds of guest work; a standard decision in Python uses under a
-    /// million, in Rust a few thousand).
+    /// Fits an interpreter's component: 64 MiB of component (componentize-py's is 18 MB,
+    /// componentize-js's 12 MB), 64 MiB of memory (either runs the standard rules in under
+    /// 16 MiB) and 20 million units of fuel per call (about 2 ms of guest work on the
+    /// reference machine; a standard decision takes a few thousand units in Rust, under a
+    /// million in Python and under three million in JavaScript, whose first call is dearest).
     pub const DEFAULT: PolicyLimits = PolicyLimits {
         max_bytes: 64 << 20,
-        memory_bytes: 128 << 20,
-        fuel: 200_000_000,
+        memory_bytes: 64 << 20,
+        fuel: 20_000_000,
     };
 
     /// These limits with no bound on the component's size (for components already

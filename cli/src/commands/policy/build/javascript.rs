@@ -2,7 +2,9 @@
 //! builder `jco componentize` wraps) against the project's `wit/0.2.0`.
 //!
 //! The component leaves out WASI's HTTP client (`fetch`): a policy has no network, and the
-//! sealed host does not offer it.
+//! sealed host does not offer it. componentize-js reads the sources from inside its own
+//! sandbox, which follows no link out of the folder: the project's sources (`.js`, `.mjs`,
+//! `.json`) and world are copied, links resolved, into a staging folder first.
 
 use super::{check_layout, finish, name_and_output, run, Built};
 use std::path::{Path, PathBuf};
@@ -30,16 +32,68 @@ pub fn build(dir: &Path, out: Option<&Path>) -> Result<Built, String> {
     let (_, path) = name_and_output(dir, out)?;
     let full = std::fs::canonicalize(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let entry = componentize_js(&full)?;
+    let out = std::path::absolute(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let stage = Stage::new()?;
+    stage.copy(&full, &stage.0)?;
     let mut command = Command::new("node");
     command
-        .current_dir(&full)
+        .current_dir(&stage.0)
         .args(["--input-type=module", "-e", BUILD])
         .arg(format!("file://{}", entry.display()))
-        .arg(full.join(SOURCE))
-        .arg(full.join("wit/0.2.0"))
-        .arg(std::path::absolute(&path).map_err(|e| format!("{}: {e}", path.display()))?);
+        .arg(stage.0.join(SOURCE))
+        .arg(stage.0.join("wit/0.2.0"))
+        .arg(out);
     run(command, "componentize-js (node)")?;
     finish(&path)
+}
+
+/// A staging folder, removed when dropped.
+struct Stage(PathBuf);
+
+impl Stage {
+    fn new() -> Result<Self, String> {
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("tollgate-build-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        Ok(Stage(dir))
+    }
+
+    /// Copies the sources and world under `from` into `to`, following links, skipping
+    /// `node_modules`, `target` and hidden folders.
+    fn copy(&self, from: &Path, to: &Path) -> Result<(), String> {
+        let error = |p: &Path, e: std::io::Error| format!("{}: {e}", p.display());
+        for entry in std::fs::read_dir(from).map_err(|e| error(from, e))? {
+            let entry = entry.map_err(|e| error(from, e))?;
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            let source = entry.path();
+            // `metadata` follows links: a linked folder is copied as a folder.
+            let meta = std::fs::metadata(&source).map_err(|e| error(&source, e))?;
+            if meta.is_dir() {
+                if name.starts_with('.') || name == "node_modules" || name == "target" {
+                    continue;
+                }
+                let dest = to.join(&*name);
+                std::fs::create_dir_all(&dest).map_err(|e| error(&dest, e))?;
+                self.copy(&source, &dest)?;
+            } else if [".js", ".mjs", ".json", ".wit"]
+                .iter()
+                .any(|ext| name.ends_with(ext))
+            {
+                let dest = to.join(&*name);
+                std::fs::copy(&source, &dest).map_err(|e| error(&source, e))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Stage {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 /// componentize-js's module: from `TOLLGATE_NODE_MODULES`, else the project's
