@@ -148,7 +148,12 @@ fn new_build_test(lang: &str, source: &str) {
     let dir = tempfile::tempdir().unwrap();
     let new = tollgate(dir.path(), &["policy", "new", "quiet", "--lang", lang]);
     assert!(new.status.success(), "{}", text(&new));
-    for file in [source, "scenarios/quiet.json", "README.md", "wit/0.2.0/policy.wit"] {
+    for file in [
+        source,
+        "scenarios/quiet.json",
+        "README.md",
+        "wit/0.2.0/policy.wit",
+    ] {
         assert!(dir.path().join("quiet").join(file).is_file(), "{file}");
     }
     let build = tollgate(dir.path(), &["policy", "build", "quiet"]);
@@ -171,13 +176,20 @@ fn new_build_test(lang: &str, source: &str) {
     );
     // The example rule decides: a scenario expecting the opposite fails.
     let scenario = dir.path().join("quiet/scenarios/quiet.json");
-    let flipped = std::fs::read_to_string(&scenario)
-        .unwrap()
-        .replacen("\"outcome\": \"rejected\"", "\"outcome\": \"accepted\"", 1);
+    let flipped = std::fs::read_to_string(&scenario).unwrap().replacen(
+        "\"outcome\": \"rejected\"",
+        "\"outcome\": \"accepted\"",
+        1,
+    );
     std::fs::write(&scenario, flipped).unwrap();
     let wrong = tollgate(
         dir.path(),
-        &["policy", "test", "quiet/target/quiet.wasm", "quiet/scenarios"],
+        &[
+            "policy",
+            "test",
+            "quiet/target/quiet.wasm",
+            "quiet/scenarios",
+        ],
     );
     let wrong_text = text(&wrong);
     assert!(!wrong.status.success(), "{wrong_text}");
@@ -256,7 +268,10 @@ fn a_python_policy_sees_the_decisions_time_and_draw_and_nothing_of_the_machine()
     let p = faulty();
     // Both clocks read the decision's logical time.
     assert_eq!(
-        plan(p.admit(view(1_234_567, "clock-1"), &request("clock-1")).unwrap()),
+        plan(
+            p.admit(view(1_234_567, "clock-1"), &request("clock-1"))
+                .unwrap()
+        ),
         (1_234_567, 1_234_567)
     );
     assert_eq!(
@@ -291,12 +306,16 @@ fn a_python_policy_sees_the_decisions_time_and_draw_and_nothing_of_the_machine()
 }
 
 fn engine(policy: &LoadedPolicy, bytes: &[u8], limits: serde_json::Value) -> Engine<SqliteStore> {
-    let config =
-        Config::from_json(&json!({"tenants": {"acme": {}}, "limits": limits})).unwrap();
+    let config = Config::from_json(&json!({"tenants": {"acme": {}}, "limits": limits})).unwrap();
     let loaded = runtime()
         .load(bytes, config.policy_limits())
         .unwrap_or_else(|e| panic!("{}: {e}", policy.info.name));
-    Engine::new(config, SqliteStore::in_memory().unwrap(), runtime(), Arc::new(loaded))
+    Engine::new(
+        config,
+        SqliteStore::in_memory().unwrap(),
+        runtime(),
+        Arc::new(loaded),
+    )
 }
 
 #[test]
@@ -321,7 +340,10 @@ fn a_python_policy_that_loops_hogs_or_raises_fails_closed_and_the_engine_goes_on
     assert_eq!(after.slots["global"], 0);
     assert!(after.operations.is_empty());
     let d = engine
-        .admit(&common::request("acme", "ok-1", "interactive", 10, 60_000), 0)
+        .admit(
+            &common::request("acme", "ok-1", "interactive", 10, 60_000),
+            0,
+        )
         .unwrap();
     assert!(matches!(d.outcome, Outcome::Accepted), "{d:?}");
 }

@@ -104,9 +104,7 @@ fn measure(
     while i < max && (i < 200 || started.elapsed() < budget) {
         let (v, r) = (view(i), request(i));
         let t = Instant::now();
-        decider
-            .admit(v, &r)
-            .map_err(|e| format!("{policy}: {e}"))?;
+        decider.admit(v, &r).map_err(|e| format!("{policy}: {e}"))?;
         latencies.push(t.elapsed().as_secs_f64() * 1e6);
         i += 1;
     }
