@@ -6,7 +6,7 @@
 //! sandbox, which follows no link out of the folder: the project's sources (`.js`, `.mjs`,
 //! `.json`) and world are copied, links resolved, into a staging folder first.
 
-use super::{check_layout, finish, name_and_output, run, Built};
+use super::{check_layout, finish, output_path, run, Built};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -29,7 +29,7 @@ await writeFile(out, component);
 /// Builds the JavaScript project in `dir`.
 pub fn build(dir: &Path, out: Option<&Path>) -> Result<Built, String> {
     check_layout(dir, "sdk/tollgate-policy.js")?;
-    let (_, path) = name_and_output(dir, out)?;
+    let path = output_path(dir, out)?;
     let full = std::fs::canonicalize(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let entry = componentize_js(&full)?;
     let out = std::path::absolute(&path).map_err(|e| format!("{}: {e}", path.display()))?;

@@ -52,8 +52,9 @@ pub fn build(dir: &Path, out: Option<&Path>) -> Result<Built, String> {
     }
 }
 
-/// The project's name (its folder's) and where its component goes.
-fn name_and_output(dir: &Path, out: Option<&Path>) -> Result<(String, PathBuf), String> {
+/// Where the project's component goes: `out`, else `DIR/target/NAME.wasm`, NAME the
+/// project folder's.
+fn output_path(dir: &Path, out: Option<&Path>) -> Result<PathBuf, String> {
     let full = std::fs::canonicalize(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let name = full
         .file_name()
@@ -67,7 +68,7 @@ fn name_and_output(dir: &Path, out: Option<&Path>) -> Result<(String, PathBuf), 
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
     }
-    Ok((name, path))
+    Ok(path)
 }
 
 /// The world and SDK a Python or JavaScript project builds against, which `policy new`

@@ -1,7 +1,7 @@
 //! A Python project: `app.py` with a class `Decide`, built by componentize-py against the
 //! project's `wit/0.2.0` with its `sdk/` on the module path.
 
-use super::{check_layout, finish, name_and_output, run, Built};
+use super::{check_layout, finish, output_path, run, Built};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -13,7 +13,10 @@ const COMPONENTIZE_PY: &str = "componentize-py==0.25.1";
 /// Builds the Python project in `dir`.
 pub fn build(dir: &Path, out: Option<&Path>) -> Result<Built, String> {
     check_layout(dir, "sdk/tollgate_policy/__init__.py")?;
-    let (_, path) = name_and_output(dir, out)?;
+    let path = output_path(dir, out)?;
+    let path = std::path::absolute(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    // Absolute, since componentize-py runs in the project's folder.
+    let dir = &std::fs::canonicalize(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let tool = componentize_py(dir)?;
     let mut command = Command::new(&tool);
     command
