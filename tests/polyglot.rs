@@ -288,6 +288,9 @@ fn a_python_policy_sees_the_decisions_time_and_draw_and_nothing_of_the_machine()
             .map(|k| draw(k))
             .collect();
     assert!(draws.len() >= 3, "{draws:?}");
+    // The sealed WASI context was made for these calls (and only for components that use it:
+    // see the runtime's unit test for a Rust policy).
+    assert!(tollgate::runtime::wasi_contexts_made() > 0);
     // No file, folder, environment variable, argument or socket: the policy admits (it
     // refuses `too-large` when it finds anything).
     let peek = p.admit(view(0, "peek-1"), &request("peek-1")).unwrap();

@@ -14,8 +14,8 @@ use tollgate::store::AnyStore;
 
 /// The writer thread's name (the HTTP bench finds its CPU time by it).
 pub const WRITER_THREAD: &str = "tollgate-writer";
-/// How often the writer looks for a policy, tenant or key change made through another
-/// replica.
+/// How often a policy, tenant or key change made through another replica is looked for
+/// (policies by their own thread, tenants and keys by the writer).
 const POLICY_SYNC_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
 /// How often the writer sweeps for abandoned calls and expired records (bounded work each).
 const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
@@ -103,6 +103,7 @@ impl Writer {
     ) -> (Writer, JoinHandle<()>) {
         let bound = QUEUE_BOUND.max(connections.saturating_add(SPARE_ROOM));
         let intake = Arc::new(Intake::new(bound));
+        follow_policy(engine.clone(), intake.clone());
         let taken = intake.clone();
         let handle = std::thread::Builder::new()
             .name(WRITER_THREAD.into())
@@ -113,11 +114,6 @@ impl Writer {
                 while let Some(batch) = taken.take(MAX_BATCH, POLICY_SYNC_EVERY) {
                     if synced.elapsed() >= POLICY_SYNC_EVERY {
                         synced = std::time::Instant::now();
-                        match engine.sync_policy() {
-                            Ok(Some(p)) => tracing::info!(name = %p.name, sha256 = %p.sha256, "policy taken up from the store"),
-                            Ok(None) => {}
-                            Err(e) => tracing::warn!(error = %e, "the store's policy could not be taken up"),
-                        }
                         match engine.sync_directory() {
                             Ok(true) => tracing::info!("tenants and keys taken up from the store"),
                             Ok(false) => {}
@@ -175,6 +171,28 @@ impl Writer {
         answer
             .await
             .map_err(|_| Failure::Failed("the writer dropped the job".into()))?
+    }
+}
+
+/// Takes up policy changes made through another replica, on a thread of its own until the
+/// writer stops: taking one up compiles it, which takes seconds for an interpreter's
+/// component and must not hold the writer (a swap through this replica is checked on a
+/// blocking task for the same reason).
+fn follow_policy<T: Send + Sync + 'static>(engine: Arc<Engine<AnyStore>>, intake: Arc<Intake<T>>) {
+    let spawned = std::thread::Builder::new()
+        .name("tollgate-policy-follower".into())
+        .spawn(move || {
+            while !intake.is_closed() {
+                std::thread::sleep(POLICY_SYNC_EVERY);
+                match engine.sync_policy() {
+                    Ok(Some(p)) => tracing::info!(name = %p.name, sha256 = %p.sha256, "policy taken up from the store"),
+                    Ok(None) => {}
+                    Err(e) => tracing::warn!(error = %e, "the store's policy could not be taken up"),
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::error!(error = %e, "the policy follower could not start: policy changes from other replicas are not taken up");
     }
 }
 

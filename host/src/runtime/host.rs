@@ -26,7 +26,8 @@ pub fn log_lines_dropped() -> u64 {
 /// Who is deciding on what, for the policy's log lines.
 #[derive(Clone, Debug, Default)]
 pub(super) struct LogContext {
-    pub digest: String,
+    /// The policy's SHA-256 in hex, made once at load (not per decision).
+    pub digest: std::sync::Arc<str>,
     pub key: String,
 }
 

@@ -42,7 +42,7 @@ mod world_v1;
 pub use compiled_cache::CompiledCache;
 pub use digest::{hex, PolicyDigest};
 pub use host::{log_lines_dropped, LOG_LINES_PER_CALL, MAX_LOG_LINE_BYTES};
-pub use sealed_wasi::MAX_OUTPUT_BYTES;
+pub use sealed_wasi::{contexts_made as wasi_contexts_made, MAX_OUTPUT_BYTES};
 pub use view::{DecisionView, Jitter, Params};
 
 /// The world a component was built for.
@@ -339,6 +339,7 @@ impl Runtime {
                 .and_then(|decide| component.get_export_index(Some(&decide), name))
                 .ok_or_else(|| LoadError::World(format!("no export `{decide_export}#{name}`")))
         };
+        let digest_hex: Arc<str> = digest.to_string().into();
         let mut policy = LoadedPolicy {
             world,
             observer: self.observer.clone(),
@@ -351,6 +352,7 @@ impl Runtime {
             on_failure: export("on-failure")?,
             pre,
             limits,
+            digest_hex,
         };
         // The first instantiation goes through the bindings, which type-check every export
         // of `decide` against the world: from here on, `call_export` may trust the types.
@@ -504,6 +506,8 @@ pub struct LoadedPolicy {
     on_failure: ComponentExportIndex,
     observer: Option<CallObserver>,
     limits: PolicyLimits,
+    /// The digest as log lines name it.
+    digest_hex: Arc<str>,
 }
 
 impl fmt::Debug for LoadedPolicy {
@@ -563,7 +567,7 @@ impl LoadedPolicy {
             .trap_on_grow_failure(true)
             .build();
         let log = LogContext {
-            digest: self.digest.to_string(),
+            digest: self.digest_hex.clone(),
             key,
         };
         let engine = self.pre.instance_pre().component().engine();
@@ -987,6 +991,22 @@ mod tests {
         );
         let dropped = log_lines_dropped() - before;
         assert!(dropped >= u64::from(20 - LOG_LINES_PER_CALL), "{dropped}");
+    }
+
+    #[test]
+    fn a_policy_that_imports_no_wasi_never_makes_a_wasi_context() {
+        let rt = Runtime::new().unwrap();
+        let before = wasi_contexts_made();
+        let p = rt
+            .load(builtin::get("standard").unwrap(), PolicyLimits::DEFAULT)
+            .unwrap();
+        let view = DecisionView::scratch(Arc::default());
+        assert!(p.self_check(view.clone()).unwrap().is_ok());
+        assert!(matches!(
+            p.admit(view, &request("k")).unwrap(),
+            Admission::Admit(_)
+        ));
+        assert_eq!(wasi_contexts_made(), before);
     }
 
     #[test]

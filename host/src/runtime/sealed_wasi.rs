@@ -34,6 +34,14 @@ pub const MAX_OUTPUT_BYTES: usize = 8 << 10;
 /// The monotonic clock's interface, whose waits are made ready at once.
 const MONOTONIC_CLOCK: &str = "wasi:clocks/monotonic-clock@0.2.12";
 
+/// Sealed contexts made since the process started (a policy that imports no WASI makes none).
+static CONTEXTS_MADE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many guest calls have used WASI since the process started.
+pub fn contexts_made() -> u64 {
+    CONTEXTS_MADE.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// One guest call's WASI state.
 pub(super) struct SealedWasi {
     pub(super) ctx: WasiCtx,
@@ -44,6 +52,7 @@ pub(super) struct SealedWasi {
 
 impl SealedWasi {
     pub(super) fn new(view: &DecisionView) -> Self {
+        CONTEXTS_MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let stdout = Captured::default();
         let stderr = Captured::default();
         let now_ms = view.now_ms;
