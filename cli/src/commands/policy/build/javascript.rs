@@ -6,7 +6,7 @@
 //! sandbox, which follows no link out of the folder: the project's sources (`.js`, `.mjs`,
 //! `.json`) and world are copied, links resolved, into a staging folder first.
 
-use super::{check_layout, finish, output_path, run, Built};
+use super::{beside_executable, check_layout, finish, output_path, run, Built};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -97,7 +97,9 @@ impl Drop for Stage {
 }
 
 /// componentize-js's module: from `TOLLGATE_NODE_MODULES`, else the project's
-/// `node_modules`, else installed there by `npm install` from its package.json.
+/// `node_modules`, else the one this repository's setup installed beside the executable
+/// (`target/polyglot-node`), else installed into the project by `npm install` from its
+/// package.json.
 fn componentize_js(dir: &Path) -> Result<PathBuf, String> {
     let entry_in = |modules: &Path| -> Option<PathBuf> {
         let package = modules.join(PACKAGE);
@@ -119,6 +121,10 @@ fn componentize_js(dir: &Path) -> Result<PathBuf, String> {
     }
     let modules = dir.join("node_modules");
     if let Some(entry) = entry_in(&modules) {
+        return Ok(entry);
+    }
+    if let Some(entry) = beside_executable("polyglot-node/node_modules").and_then(|m| entry_in(&m))
+    {
         return Ok(entry);
     }
     if !dir.join("package.json").is_file() {

@@ -85,6 +85,15 @@ fn check_layout(dir: &Path, sdk: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// `relative` in the build folder this `tollgate` runs from (`target/` of a checkout), where
+/// the repository's own setup (`.ci/run`, or the tests) installs the Python and JavaScript
+/// toolchains; `None` when it is not there.
+fn beside_executable(relative: &str) -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let path = exe.parent()?.parent()?.join(relative);
+    path.exists().then_some(path)
+}
+
 /// Runs `command`, all its output going to this process's stderr (stdout is the build's
 /// answer); an error names `what` failed.
 fn run(mut command: Command, what: &str) -> Result<(), String> {

@@ -1,7 +1,7 @@
 //! A Python project: `app.py` with a class `Decide`, built by componentize-py against the
 //! project's `wit/0.2.0` with its `sdk/` on the module path.
 
-use super::{check_layout, finish, output_path, run, Built};
+use super::{beside_executable, check_layout, finish, output_path, run, Built};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -29,7 +29,9 @@ pub fn build(dir: &Path, out: Option<&Path>) -> Result<Built, String> {
 }
 
 /// componentize-py: `TOLLGATE_COMPONENTIZE_PY`, else the project's `.venv`, else one on
-/// `PATH`, else installed into the project's `.venv` from its requirements.txt.
+/// `PATH`, else the one this repository's setup installed beside the executable
+/// (`target/polyglot-venv`), else installed into the project's `.venv` from its
+/// requirements.txt.
 fn componentize_py(dir: &Path) -> Result<PathBuf, String> {
     if let Some(tool) = std::env::var_os("TOLLGATE_COMPONENTIZE_PY") {
         return Ok(PathBuf::from(tool));
@@ -45,6 +47,9 @@ fn componentize_py(dir: &Path) -> Result<PathBuf, String> {
         .is_ok_and(|o| o.status.success());
     if on_path {
         return Ok(PathBuf::from("componentize-py"));
+    }
+    if let Some(tool) = beside_executable("polyglot-venv/bin/componentize-py") {
+        return Ok(tool);
     }
     eprintln!(
         "componentize-py not found: installing it into {}",
