@@ -4,6 +4,8 @@
 
 mod common;
 
+use common::output_text as text;
+
 use common::http::{config, ADMIN, CALLER};
 use common::server::{now_ms, Server};
 use serde_json::json;
@@ -16,14 +18,6 @@ fn tollgate(dir: &Path, args: &[&str]) -> Output {
         .args(args)
         .output()
         .unwrap()
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 #[test]

@@ -9,6 +9,8 @@
 
 mod common;
 
+use common::output_text as text;
+
 use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -100,14 +102,6 @@ fn tollgate(dir: &Path, args: &[&str]) -> Output {
         .envs(toolchains().iter().map(|(k, v)| (*k, v)))
         .output()
         .unwrap()
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 /// A project of `policies/` built once per test process into target/polyglot-built.
@@ -308,11 +302,12 @@ fn a_python_policy_sees_the_decisions_time_and_draw_and_nothing_of_the_machine()
     assert!(dropped >= 100 - 8, "{dropped}");
 }
 
-fn engine(policy: &LoadedPolicy, bytes: &[u8], limits: serde_json::Value) -> Engine<SqliteStore> {
-    let config = Config::from_json(&json!({"tenants": {"acme": {}}, "limits": limits})).unwrap();
+/// An engine deciding with the component `bytes`, under the default limits.
+fn engine(bytes: &[u8]) -> Engine<SqliteStore> {
+    let config = Config::from_json(&json!({"tenants": {"acme": {}}})).unwrap();
     let loaded = runtime()
         .load(bytes, config.policy_limits())
-        .unwrap_or_else(|e| panic!("{}: {e}", policy.info.name));
+        .unwrap_or_else(|e| panic!("{e}"));
     Engine::new(
         config,
         SqliteStore::in_memory().unwrap(),
@@ -324,7 +319,7 @@ fn engine(policy: &LoadedPolicy, bytes: &[u8], limits: serde_json::Value) -> Eng
 #[test]
 fn a_python_policy_that_loops_hogs_or_raises_fails_closed_and_the_engine_goes_on() {
     let bytes = std::fs::read(built("python/faulty")).unwrap();
-    let engine = engine(faulty(), &bytes, json!({}));
+    let engine = engine(&bytes);
     for kind in ["loop", "hog", "raise"] {
         let started = Instant::now();
         let d = engine

@@ -36,6 +36,15 @@ pub fn engine(config: Value, policy: &str) -> Engine<SqliteStore> {
     engine_on(config, SqliteStore::in_memory().unwrap(), policy)
 }
 
+/// What a finished command printed: stdout, then stderr.
+pub fn output_text(o: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
 /// A request object with the usual fields.
 pub fn request(tenant: &str, key: &str, route: &str, tokens: u64, deadline_ms: i64) -> Value {
     json!({"tenant": tenant, "key": key, "route": route, "input_tokens": tokens,

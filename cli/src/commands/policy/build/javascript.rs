@@ -6,7 +6,7 @@
 //! sandbox, which follows no link out of the folder: the project's sources (`.js`, `.mjs`,
 //! `.json`) and world are copied, links resolved, into a staging folder first.
 
-use super::{beside_executable, check_layout, finish, output_path, run, Built};
+use super::{beside_executable, check_layout, finish, run, Built};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -26,15 +26,12 @@ const { component } = await componentize({
 await writeFile(out, component);
 "#;
 
-/// Builds the JavaScript project in `dir`.
-pub fn build(dir: &Path, out: Option<&Path>) -> Result<Built, String> {
+/// Builds the JavaScript project in `dir` into `path` (both absolute).
+pub fn build(dir: &Path, path: &Path) -> Result<Built, String> {
     check_layout(dir, "sdk/tollgate-policy.js")?;
-    let path = output_path(dir, out)?;
-    let full = std::fs::canonicalize(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let entry = componentize_js(&full)?;
-    let out = std::path::absolute(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let entry = componentize_js(dir)?;
     let stage = Stage::new()?;
-    stage.copy(&full, &stage.0)?;
+    stage.copy(dir, &stage.0)?;
     let mut command = Command::new("node");
     command
         .current_dir(&stage.0)
@@ -42,9 +39,9 @@ pub fn build(dir: &Path, out: Option<&Path>) -> Result<Built, String> {
         .arg(format!("file://{}", entry.display()))
         .arg(stage.0.join(SOURCE))
         .arg(stage.0.join("wit/0.2.0"))
-        .arg(out);
+        .arg(path);
     run(command, "componentize-js (node)")?;
-    finish(&path)
+    finish(path)
 }
 
 /// A staging folder, removed when dropped.

@@ -35,35 +35,37 @@ impl Built {
 
 /// Builds the project in `dir` into a component at `out` (default: `DIR/target/NAME.wasm`).
 pub fn build(dir: &Path, out: Option<&Path>) -> Result<Built, String> {
-    if dir.join("Cargo.toml").is_file() {
-        rust::build(dir, out)
+    let interpreted: fn(&Path, &Path) -> Result<Built, String> = if dir.join("Cargo.toml").is_file()
+    {
+        return rust::build(dir, out);
     } else if dir.join(python::SOURCE).is_file() {
-        python::build(dir, out)
+        python::build
     } else if dir.join(javascript::SOURCE).is_file() {
-        javascript::build(dir, out)
+        javascript::build
     } else {
-        Err(format!(
-            "{}: not a policy project (no Cargo.toml, {} or {}; make one with \
-             `tollgate policy new NAME --lang rust|python|javascript`)",
+        return Err(format!(
+            "{}: not a policy project (no Cargo.toml, {} or {}; make one with \\
+                 `tollgate policy new NAME --lang rust|python|javascript`)",
             dir.display(),
             python::SOURCE,
             javascript::SOURCE
-        ))
-    }
+        ));
+    };
+    // The interpreters' toolchains run in other folders: every path they get is absolute.
+    let dir = std::fs::canonicalize(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let path = output_path(&dir, out)?;
+    interpreted(&dir, &path)
 }
 
-/// Where the project's component goes: `out`, else `DIR/target/NAME.wasm`, NAME the
-/// project folder's.
+/// Where the component of the project in `dir` (absolute) goes, as an absolute path:
+/// `out`, else `DIR/target/NAME.wasm`, NAME the project folder's.
 fn output_path(dir: &Path, out: Option<&Path>) -> Result<PathBuf, String> {
-    let full = std::fs::canonicalize(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let name = full
-        .file_name()
-        .and_then(|n| n.to_str())
-        .unwrap_or("policy")
-        .to_string();
     let path = match out {
-        Some(p) => p.to_path_buf(),
-        None => full.join("target").join(format!("{name}.wasm")),
+        Some(p) => std::path::absolute(p).map_err(|e| format!("{}: {e}", p.display()))?,
+        None => {
+            let name = dir.file_name().and_then(|n| n.to_str()).unwrap_or("policy");
+            dir.join("target").join(format!("{name}.wasm"))
+        }
     };
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", parent.display()))?;

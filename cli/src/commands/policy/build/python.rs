@@ -1,7 +1,7 @@
 //! A Python project: `app.py` with a class `Decide`, built by componentize-py against the
 //! project's `wit/0.2.0` with its `sdk/` on the module path.
 
-use super::{beside_executable, check_layout, finish, output_path, run, Built};
+use super::{beside_executable, check_layout, finish, run, Built};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -10,22 +10,18 @@ pub const SOURCE: &str = "app.py";
 /// The componentize-py this SDK is built and tested with (the project's requirements.txt).
 const COMPONENTIZE_PY: &str = "componentize-py==0.25.1";
 
-/// Builds the Python project in `dir`.
-pub fn build(dir: &Path, out: Option<&Path>) -> Result<Built, String> {
+/// Builds the Python project in `dir` into `path` (both absolute).
+pub fn build(dir: &Path, path: &Path) -> Result<Built, String> {
     check_layout(dir, "sdk/tollgate_policy/__init__.py")?;
-    let path = output_path(dir, out)?;
-    let path = std::path::absolute(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    // Absolute, since componentize-py runs in the project's folder.
-    let dir = &std::fs::canonicalize(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let tool = componentize_py(dir)?;
     let mut command = Command::new(&tool);
     command
         .current_dir(dir)
         .args(["-d", "wit/0.2.0", "-w", "policy", "componentize"])
         .args(["-p", "sdk", "-p", ".", "app", "-o"])
-        .arg(&path);
+        .arg(path);
     run(command, "componentize-py")?;
-    finish(&path)
+    finish(path)
 }
 
 /// componentize-py: `TOLLGATE_COMPONENTIZE_PY`, else the project's `.venv`, else one on
