@@ -138,18 +138,21 @@ export interface Decide {
   onFailure(report: FailureReport): RetryDecision;
 }
 
-/** The parameters the standard rules read, with the contract's defaults. */
+/** The parameters the standard rules read, with the contract's defaults; each is asked of
+ * the host the first time it is read in a decision. */
 export interface Params {
-  maxAttempts: number;
-  backoffBaseMs: number;
-  backoffCapMs: number;
-  execBaseMs: number;
-  execMsPerOutputToken: number;
-  degradeAtSlotFraction: number;
-  degradeOnTokenShortage: boolean;
-  degradedMaxOutputTokens: number;
-  busyRetryAfterMs: number;
-  shedSheddableAtSlotFraction: number;
+  readonly maxAttempts: number;
+  readonly backoffBaseMs: number;
+  readonly backoffCapMs: number;
+  readonly execBaseMs: number;
+  readonly execMsPerOutputToken: number;
+  readonly degradeAtSlotFraction: number;
+  readonly degradeOnTokenShortage: boolean;
+  readonly degradedMaxOutputTokens: number;
+  readonly busyRetryAfterMs: number;
+  readonly shedSheddableAtSlotFraction: number;
+  /** Any numeric parameter `name`, asked of the host once per decision. */
+  read(name: string, fallback: number): number;
 }
 
 export function toU64(x: number): bigint;

@@ -63,20 +63,48 @@ export const retry = (notBeforeMs) => ({ tag: "retry", val: notBeforeMs });
 /** No retry, for `reason`. */
 export const giveUp = (reason) => ({ tag: "give-up", val: reason });
 
-/** The parameters the standard rules read, with the contract's defaults. */
+/** The parameters the standard rules read: field, name under `policy_params`, default. */
+const PARAMS = [
+  ["maxAttempts", "max_attempts", 3],
+  ["backoffBaseMs", "backoff_base_ms", 100],
+  ["backoffCapMs", "backoff_cap_ms", 2000],
+  ["execBaseMs", "exec_base_ms", 0],
+  ["execMsPerOutputToken", "exec_ms_per_output_token", 0],
+  ["degradeAtSlotFraction", "degrade_at_slot_fraction", 1],
+  ["degradeOnTokenShortage", "degrade_on_token_shortage", 0],
+  ["degradedMaxOutputTokens", "degraded_max_output_tokens", 256],
+  ["busyRetryAfterMs", "busy_retry_after_ms", 1000],
+  ["shedSheddableAtSlotFraction", "shed_sheddable_at_slot_fraction", 1],
+];
+
+/** The parameters of one decision, each read through `host.param` the first time a rule
+ * needs it: a host call costs more than the rule that uses its answer, and most decisions
+ * need only a few. */
+class Params {
+  #read = new Map();
+
+  /** The parameter `name`, asked of the host once per decision. */
+  read(name, fallback) {
+    let value = this.#read.get(name);
+    if (value === undefined) {
+      value = paramOr(name, fallback);
+      this.#read.set(name, value);
+    }
+    return value;
+  }
+}
+for (const [field, name, fallback] of PARAMS) {
+  const convert = field === "degradeOnTokenShortage" ? (v) => v !== 0 : (v) => v;
+  Object.defineProperty(Params.prototype, field, {
+    get() {
+      return convert(this.read(name, fallback));
+    },
+  });
+}
+
+/** The parameters of one decision (read lazily), with the contract's defaults. */
 export function readParams() {
-  return {
-    maxAttempts: paramOr("max_attempts", 3),
-    backoffBaseMs: paramOr("backoff_base_ms", 100),
-    backoffCapMs: paramOr("backoff_cap_ms", 2000),
-    execBaseMs: paramOr("exec_base_ms", 0),
-    execMsPerOutputToken: paramOr("exec_ms_per_output_token", 0),
-    degradeAtSlotFraction: paramOr("degrade_at_slot_fraction", 1),
-    degradeOnTokenShortage: paramOr("degrade_on_token_shortage", 0) !== 0,
-    degradedMaxOutputTokens: paramOr("degraded_max_output_tokens", 256),
-    busyRetryAfterMs: paramOr("busy_retry_after_ms", 1000),
-    shedSheddableAtSlotFraction: paramOr("shed_sheddable_at_slot_fraction", 1),
-  };
+  return new Params();
 }
 
 /** `exec_base_ms + max_output_tokens * exec_ms_per_output_token`, rounded up. */
@@ -84,24 +112,14 @@ export function estimatedExecMs(p, maxOutputTokens) {
   return toU64(ceil(p.execBaseMs + Number(maxOutputTokens) * p.execMsPerOutputToken));
 }
 
-const CHECKED = [
-  ["max_attempts", "maxAttempts"],
-  ["backoff_base_ms", "backoffBaseMs"],
-  ["backoff_cap_ms", "backoffCapMs"],
-  ["exec_base_ms", "execBaseMs"],
-  ["exec_ms_per_output_token", "execMsPerOutputToken"],
-  ["degrade_at_slot_fraction", "degradeAtSlotFraction"],
-  ["degraded_max_output_tokens", "degradedMaxOutputTokens"],
-  ["busy_retry_after_ms", "busyRetryAfterMs"],
-  ["shed_sheddable_at_slot_fraction", "shedSheddableAtSlotFraction"],
-];
+const CHECKED = PARAMS.filter(([field]) => field !== "degradeOnTokenShortage");
 
 /** The standard rules of the contract, exactly as the Rust SDK's `standard` module. */
 export const standard = {
   /** `undefined` when the parameters make sense, else what is wrong. */
   check() {
     const p = readParams();
-    for (const [name, field] of CHECKED) {
+    for (const [field, name] of CHECKED) {
       const value = p[field];
       if (!Number.isFinite(value) || value < 0) {
         return `policy_params.${name} must be a finite number >= 0`;
@@ -129,14 +147,13 @@ export const standard = {
     ) {
       return refuse("overloaded", toU64(p.busyRetryAfterMs));
     }
-    const reduced = reduce(req, p);
     const degrade =
       interactive &&
       req.priority !== "critical" &&
       (slotsReach(p.degradeAtSlotFraction) ||
-        (p.degradeOnTokenShortage && tokenShortageCured(req, reduced)));
+        (p.degradeOnTokenShortage && tokenShortageCured(req, reduce(req, p))));
     const [output, context] = degrade
-      ? reduced
+      ? reduce(req, p)
       : [req.maxOutputTokens, req.optionalContextTokens];
     return admit({
       maxOutputTokens: output,

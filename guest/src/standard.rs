@@ -10,6 +10,7 @@ use super::{
     RefusalReason, Request, RetryDecision, Route, SlotScope,
 };
 use alloc::string::String;
+use core::cell::Cell;
 
 /// A policy parameter as a number, or `default` when the configuration does not set it.
 pub fn param_or(name: &str, default: f64) -> f64 {
@@ -23,73 +24,131 @@ pub fn reservation(input: u64, optional_context: u64, max_output: u64) -> u64 {
         .saturating_add(max_output)
 }
 
-/// The parameters the standard rules read, with the defaults of docs/configuration.md.
-#[derive(Clone, Copy, Debug)]
+/// A parameter the standard rules read, with its default of docs/configuration.md.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Param {
+    MaxAttempts,
+    BackoffBaseMs,
+    BackoffCapMs,
+    ExecBaseMs,
+    ExecMsPerOutputToken,
+    DegradeAtSlotFraction,
+    DegradeOnTokenShortage,
+    DegradedMaxOutputTokens,
+    BusyRetryAfterMs,
+    ShedSheddableAtSlotFraction,
+}
+
+impl Param {
+    /// Every parameter, in the order `self_check` reports them.
+    pub const ALL: [Param; 10] = [
+        Param::MaxAttempts,
+        Param::BackoffBaseMs,
+        Param::BackoffCapMs,
+        Param::ExecBaseMs,
+        Param::ExecMsPerOutputToken,
+        Param::DegradeAtSlotFraction,
+        Param::DegradeOnTokenShortage,
+        Param::DegradedMaxOutputTokens,
+        Param::BusyRetryAfterMs,
+        Param::ShedSheddableAtSlotFraction,
+    ];
+
+    /// Its name under `policy_params` and its default.
+    pub const fn spec(self) -> (&'static str, f64) {
+        match self {
+            Param::MaxAttempts => ("max_attempts", 3.0),
+            Param::BackoffBaseMs => ("backoff_base_ms", 100.0),
+            Param::BackoffCapMs => ("backoff_cap_ms", 2000.0),
+            Param::ExecBaseMs => ("exec_base_ms", 0.0),
+            Param::ExecMsPerOutputToken => ("exec_ms_per_output_token", 0.0),
+            Param::DegradeAtSlotFraction => ("degrade_at_slot_fraction", 1.0),
+            Param::DegradeOnTokenShortage => ("degrade_on_token_shortage", 0.0),
+            Param::DegradedMaxOutputTokens => ("degraded_max_output_tokens", 256.0),
+            Param::BusyRetryAfterMs => ("busy_retry_after_ms", 1000.0),
+            Param::ShedSheddableAtSlotFraction => ("shed_sheddable_at_slot_fraction", 1.0),
+        }
+    }
+}
+
+/// The parameters of one decision, each read through `host::param` the first time a rule
+/// needs it: a host call costs more than the rule that uses its answer, and most decisions
+/// need only a few (an interactive admission six calls in all, a durable one three).
+#[derive(Debug, Default)]
 pub struct Params {
-    pub max_attempts: f64,
-    pub backoff_base_ms: f64,
-    pub backoff_cap_ms: f64,
-    pub exec_base_ms: f64,
-    pub exec_ms_per_output_token: f64,
-    pub degrade_at_slot_fraction: f64,
-    pub degrade_on_token_shortage: bool,
-    pub degraded_max_output_tokens: f64,
-    pub busy_retry_after_ms: f64,
-    pub shed_sheddable_at_slot_fraction: f64,
+    read: [Cell<Option<f64>>; Param::ALL.len()],
 }
 
 impl Params {
-    /// Reads every parameter through `host::param`.
-    pub fn read() -> Self {
-        Params {
-            max_attempts: param_or("max_attempts", 3.0),
-            backoff_base_ms: param_or("backoff_base_ms", 100.0),
-            backoff_cap_ms: param_or("backoff_cap_ms", 2000.0),
-            exec_base_ms: param_or("exec_base_ms", 0.0),
-            exec_ms_per_output_token: param_or("exec_ms_per_output_token", 0.0),
-            degrade_at_slot_fraction: param_or("degrade_at_slot_fraction", 1.0),
-            degrade_on_token_shortage: param_or("degrade_on_token_shortage", 0.0) != 0.0,
-            degraded_max_output_tokens: param_or("degraded_max_output_tokens", 256.0),
-            busy_retry_after_ms: param_or("busy_retry_after_ms", 1000.0),
-            shed_sheddable_at_slot_fraction: param_or("shed_sheddable_at_slot_fraction", 1.0),
+    /// Nothing read yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The parameter's value, read from the host once per decision.
+    pub fn get(&self, param: Param) -> f64 {
+        let cell = &self.read[param as usize];
+        if let Some(value) = cell.get() {
+            return value;
         }
+        let (name, default) = param.spec();
+        let value = param_or(name, default);
+        cell.set(Some(value));
+        value
+    }
+
+    pub fn max_attempts(&self) -> f64 {
+        self.get(Param::MaxAttempts)
+    }
+    pub fn backoff_base_ms(&self) -> f64 {
+        self.get(Param::BackoffBaseMs)
+    }
+    pub fn backoff_cap_ms(&self) -> f64 {
+        self.get(Param::BackoffCapMs)
+    }
+    pub fn degrade_at_slot_fraction(&self) -> f64 {
+        self.get(Param::DegradeAtSlotFraction)
+    }
+    pub fn degrade_on_token_shortage(&self) -> bool {
+        self.get(Param::DegradeOnTokenShortage) != 0.0
+    }
+    pub fn degraded_max_output_tokens(&self) -> f64 {
+        self.get(Param::DegradedMaxOutputTokens)
+    }
+    pub fn busy_retry_after_ms(&self) -> f64 {
+        self.get(Param::BusyRetryAfterMs)
+    }
+    pub fn shed_sheddable_at_slot_fraction(&self) -> f64 {
+        self.get(Param::ShedSheddableAtSlotFraction)
     }
 
     /// `exec_base_ms + max_output_tokens * exec_ms_per_output_token`, rounded up.
     pub fn estimated_exec_ms(&self, max_output_tokens: u64) -> u64 {
-        let ms = self.exec_base_ms + max_output_tokens as f64 * self.exec_ms_per_output_token;
+        let ms = self.get(Param::ExecBaseMs)
+            + max_output_tokens as f64 * self.get(Param::ExecMsPerOutputToken);
         to_u64(libm_ceil(ms))
     }
 }
 
 /// Checks that the parameters make sense before the policy is activated.
 pub fn self_check() -> Result<(), String> {
-    let p = Params::read();
-    let fields = [
-        ("max_attempts", p.max_attempts),
-        ("backoff_base_ms", p.backoff_base_ms),
-        ("backoff_cap_ms", p.backoff_cap_ms),
-        ("exec_base_ms", p.exec_base_ms),
-        ("exec_ms_per_output_token", p.exec_ms_per_output_token),
-        ("degrade_at_slot_fraction", p.degrade_at_slot_fraction),
-        ("degraded_max_output_tokens", p.degraded_max_output_tokens),
-        ("busy_retry_after_ms", p.busy_retry_after_ms),
-        (
-            "shed_sheddable_at_slot_fraction",
-            p.shed_sheddable_at_slot_fraction,
-        ),
-    ];
-    for (name, value) in fields {
+    let p = Params::new();
+    for param in Param::ALL {
+        if param == Param::DegradeOnTokenShortage {
+            continue;
+        }
+        let value = p.get(param);
         if !value.is_finite() || value < 0.0 {
             return Err(alloc::format!(
-                "policy_params.{name} must be a finite number >= 0"
+                "policy_params.{} must be a finite number >= 0",
+                param.spec().0
             ));
         }
     }
-    if p.max_attempts < 1.0 {
+    if p.max_attempts() < 1.0 {
         return Err("policy_params.max_attempts must be at least 1".into());
     }
-    if p.degraded_max_output_tokens < 1.0 {
+    if p.degraded_max_output_tokens() < 1.0 {
         return Err("policy_params.degraded_max_output_tokens must be at least 1".into());
     }
     Ok(())
@@ -100,24 +159,24 @@ pub fn self_check() -> Result<(), String> {
 /// (never `critical` ones) under slot pressure or (when enabled) token shortage, and
 /// estimate the execution time of what is planned.
 pub fn admit(req: &Request) -> Admission {
-    let p = Params::read();
-    if req.route == Route::Interactive
+    let p = Params::new();
+    let interactive = req.route == Route::Interactive;
+    if interactive
         && req.priority == Priority::Sheddable
-        && p.shed_sheddable_at_slot_fraction < 1.0
-        && slots_reach(p.shed_sheddable_at_slot_fraction)
+        && p.shed_sheddable_at_slot_fraction() < 1.0
+        && slots_reach(p.shed_sheddable_at_slot_fraction())
     {
         return Admission::Refuse(Refusal {
             reason: RefusalReason::Overloaded,
-            retry_after_ms: Some(to_u64(p.busy_retry_after_ms)),
+            retry_after_ms: Some(to_u64(p.busy_retry_after_ms())),
         });
     }
-    let reduced = reduce(req, &p);
-    let plan_fields = if req.route == Route::Interactive
+    let degrade = interactive
         && req.priority != Priority::Critical
-        && (slots_reach(p.degrade_at_slot_fraction)
-            || (p.degrade_on_token_shortage && token_shortage_cured(req, reduced)))
-    {
-        reduced
+        && (slots_reach(p.degrade_at_slot_fraction())
+            || (p.degrade_on_token_shortage() && token_shortage_cured(req, reduce(req, &p))));
+    let plan_fields = if degrade {
+        reduce(req, &p)
     } else {
         (req.max_output_tokens, req.optional_context_tokens)
     };
@@ -125,13 +184,13 @@ pub fn admit(req: &Request) -> Admission {
         max_output_tokens: plan_fields.0,
         optional_context_tokens: plan_fields.1,
         estimated_exec_ms: p.estimated_exec_ms(plan_fields.0),
-        busy_retry_after_ms: Some(to_u64(p.busy_retry_after_ms)),
+        busy_retry_after_ms: Some(to_u64(p.busy_retry_after_ms())),
     })
 }
 
 /// The degraded form of a request: output capped, optional context dropped.
 fn reduce(req: &Request, p: &Params) -> (u64, u64) {
-    let cap = to_u64(p.degraded_max_output_tokens).max(1);
+    let cap = to_u64(p.degraded_max_output_tokens()).max(1);
     (req.max_output_tokens.min(cap), 0)
 }
 
@@ -183,7 +242,7 @@ fn token_shortage_cured(req: &Request, reduced: (u64, u64)) -> bool {
 
 /// The standard retry eligibility of docs/contract.md section 6.
 pub fn on_failure(report: &FailureReport) -> RetryDecision {
-    let p = Params::read();
+    let p = Params::new();
     let retryable = matches!(
         report.failure,
         Some(Failure::RateLimited | Failure::Unavailable | Failure::ConnectFailed)
@@ -191,7 +250,7 @@ pub fn on_failure(report: &FailureReport) -> RetryDecision {
     if !retryable {
         return RetryDecision::GiveUp(GiveUpReason::NotRetryable);
     }
-    if f64::from(report.attempt) >= p.max_attempts {
+    if f64::from(report.attempt) >= p.max_attempts() {
         return RetryDecision::GiveUp(GiveUpReason::AttemptsExhausted);
     }
     let not_before = host::now_ms().saturating_add(backoff_delay_ms(report, &p) as i64);
@@ -205,9 +264,9 @@ pub fn on_failure(report: &FailureReport) -> RetryDecision {
 /// Capped exponential backoff with full jitter; a provider's retry-after is a floor.
 pub fn backoff_delay_ms(report: &FailureReport, p: &Params) -> u64 {
     let exponent = report.attempt.saturating_sub(1).min(62);
-    let ceiling = to_u64(p.backoff_base_ms)
+    let ceiling = to_u64(p.backoff_base_ms())
         .saturating_mul(1u64 << exponent)
-        .min(to_u64(p.backoff_cap_ms));
+        .min(to_u64(p.backoff_cap_ms()));
     let jitter = host::random(ceiling);
     jitter.max(report.provider_retry_after_ms.unwrap_or(0))
 }

@@ -98,15 +98,28 @@ impl MockHost {
     /// Runs `f` (a call of the policy) against this host and returns its answer with the
     /// log lines it wrote.
     pub fn run<T>(&self, f: impl FnOnce() -> T) -> (T, Vec<(LogLevel, String)>) {
+        let (out, current) = self.run_current(f);
+        (out, current.logs)
+    }
+
+    /// Runs `f` against this host and returns its answer with the number of host calls it
+    /// made: each one crosses the sandbox's boundary, so a policy's test can bound them.
+    pub fn count_host_calls<T>(&self, f: impl FnOnce() -> T) -> (T, u32) {
+        let (out, current) = self.run_current(f);
+        (out, current.calls)
+    }
+
+    fn run_current<T>(&self, f: impl FnOnce() -> T) -> (T, Current) {
         CURRENT.with(|c| {
             *c.borrow_mut() = Some(Current {
                 host: self.clone(),
                 logs: Vec::new(),
+                calls: 0,
             })
         });
         let out = f();
-        let logs = CURRENT.with(|c| c.borrow_mut().take().map(|c| c.logs).unwrap_or_default());
-        (out, logs)
+        let current = CURRENT.with(|c| c.borrow_mut().take());
+        (out, current.expect("the mock host outlives the call"))
     }
 
     /// An interactive request of 100 input and 100 output tokens, deadline at one minute.
@@ -131,6 +144,7 @@ impl MockHost {
 struct Current {
     host: MockHost,
     logs: Vec<(LogLevel, String)>,
+    calls: u32,
 }
 
 std::thread_local! {
@@ -139,9 +153,12 @@ std::thread_local! {
 
 fn with<T>(f: impl FnOnce(&mut Current) -> T) -> T {
     CURRENT.with(|c| {
-        f(c.borrow_mut()
+        let mut current = c.borrow_mut();
+        let current = current
             .as_mut()
-            .expect("host imports called outside MockHost::run"))
+            .expect("host imports called outside MockHost::run");
+        current.calls += 1;
+        f(current)
     })
 }
 
@@ -217,5 +234,34 @@ mod tests {
         let (answer, logs) = MockHost::new().run(|| standard::admit(&req));
         assert!(matches!(answer, Admission::Admit(p) if p.max_output_tokens == 100));
         assert!(logs.is_empty());
+    }
+
+    #[test]
+    fn the_standard_rules_read_only_the_parameters_they_need() {
+        // Interactive: the degradation threshold, global slots, the token-shortage switch,
+        // the two execution-time terms and the busy retry-after.
+        let host = MockHost::new().slots(SlotScope::Global, 1, 8);
+        let (_, calls) = host.count_host_calls(|| standard::admit(&MockHost::request("a", "k")));
+        assert_eq!(calls, 6);
+        // Durable: the execution-time terms and the busy retry-after only.
+        let mut durable = MockHost::request("a", "k");
+        durable.route = Route::Durable;
+        let (_, calls) = host.count_host_calls(|| standard::admit(&durable));
+        assert_eq!(calls, 3);
+        // A parameter read twice in one decision is asked once.
+        let (_, calls) = host.count_host_calls(|| {
+            let p = standard::Params::new();
+            p.busy_retry_after_ms() + p.busy_retry_after_ms()
+        });
+        assert_eq!(calls, 1);
+        // Degraded under slot pressure: the cap is read then, and the answer is unchanged.
+        let full = MockHost::new()
+            .param("degrade_at_slot_fraction", 0.5)
+            .param("degraded_max_output_tokens", 40.0)
+            .slots(SlotScope::Global, 4, 8);
+        let (answer, calls) =
+            full.count_host_calls(|| standard::admit(&MockHost::request("a", "k")));
+        assert!(matches!(answer, Admission::Admit(p) if p.max_output_tokens == 40));
+        assert_eq!(calls, 6);
     }
 }

@@ -70,20 +70,34 @@ def reservation(input_tokens: int, optional_context: int, max_output: int) -> in
     return sat_u64(input_tokens + optional_context + max_output)
 
 
-class Params:
-    """The parameters the standard rules read, with the contract's defaults."""
+DEFAULTS = {
+    "max_attempts": 3.0,
+    "backoff_base_ms": 100.0,
+    "backoff_cap_ms": 2000.0,
+    "exec_base_ms": 0.0,
+    "exec_ms_per_output_token": 0.0,
+    "degrade_at_slot_fraction": 1.0,
+    "degrade_on_token_shortage": 0.0,
+    "degraded_max_output_tokens": 256.0,
+    "busy_retry_after_ms": 1000.0,
+    "shed_sheddable_at_slot_fraction": 1.0,
+}
+"""The parameters the standard rules read, with the contract's defaults."""
 
-    def __init__(self):
-        self.max_attempts = param_or("max_attempts", 3.0)
-        self.backoff_base_ms = param_or("backoff_base_ms", 100.0)
-        self.backoff_cap_ms = param_or("backoff_cap_ms", 2000.0)
-        self.exec_base_ms = param_or("exec_base_ms", 0.0)
-        self.exec_ms_per_output_token = param_or("exec_ms_per_output_token", 0.0)
-        self.degrade_at_slot_fraction = param_or("degrade_at_slot_fraction", 1.0)
-        self.degrade_on_token_shortage = param_or("degrade_on_token_shortage", 0.0) != 0.0
-        self.degraded_max_output_tokens = param_or("degraded_max_output_tokens", 256.0)
-        self.busy_retry_after_ms = param_or("busy_retry_after_ms", 1000.0)
-        self.shed_sheddable_at_slot_fraction = param_or("shed_sheddable_at_slot_fraction", 1.0)
+
+class Params:
+    """The parameters of one decision, each read through ``host.param`` the first time a
+    rule needs it (then kept as an attribute): a host call costs more than the rule that
+    uses its answer, and most decisions need only a few."""
+
+    def __getattr__(self, name):
+        if name not in DEFAULTS:
+            raise AttributeError(name)
+        value = param_or(name, DEFAULTS[name])
+        if name == "degrade_on_token_shortage":
+            value = value != 0.0
+        setattr(self, name, value)
+        return value
 
     def estimated_exec_ms(self, max_output_tokens: int) -> int:
         """``exec_base_ms + max_output_tokens * exec_ms_per_output_token``, rounded up."""
@@ -91,17 +105,7 @@ class Params:
         return to_u64(ceil(ms))
 
 
-CHECKED = [
-    "max_attempts",
-    "backoff_base_ms",
-    "backoff_cap_ms",
-    "exec_base_ms",
-    "exec_ms_per_output_token",
-    "degrade_at_slot_fraction",
-    "degraded_max_output_tokens",
-    "busy_retry_after_ms",
-    "shed_sheddable_at_slot_fraction",
-]
+CHECKED = [name for name in DEFAULTS if name != "degrade_on_token_shortage"]
 
 
 def self_check():
@@ -169,16 +173,15 @@ def admit(req):
         return Admission_Refuse(
             Refusal(RefusalReason.OVERLOADED, to_u64(p.busy_retry_after_ms))
         )
-    reduced = reduce(req, p)
     if (
         interactive
         and req.priority != Priority.CRITICAL
         and (
             slots_reach(p.degrade_at_slot_fraction)
-            or (p.degrade_on_token_shortage and token_shortage_cured(req, reduced))
+            or (p.degrade_on_token_shortage and token_shortage_cured(req, reduce(req, p)))
         )
     ):
-        output, context = reduced
+        output, context = reduce(req, p)
     else:
         output, context = req.max_output_tokens, req.optional_context_tokens
     return Admission_Admit(
