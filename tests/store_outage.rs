@@ -3,9 +3,14 @@
 //! dropped connection); within a few seconds of it answering again admissions are accepted
 //! again, by the same process; and every admission acknowledged is in the store.
 //!
-//! It restarts the database server, so it runs alone: `.ci/run` sets
-//! `TOLLGATE_TEST_POSTGRES` and `TOLLGATE_TEST_POSTGRES_RESTART` (a shell command that
-//! restarts the server) and runs `cargo test --release --test store_outage -- --ignored`.
+//! And a gateway call whose answer arrives while the store is down still reaches its
+//! caller; its completion is kept and applied once the store is back (slot released,
+//! usage counted), instead of the operation staying `active` until the sweep.
+//!
+//! They stop the database server, so they run alone: `.ci/run` sets
+//! `TOLLGATE_TEST_POSTGRES`, and `TOLLGATE_TEST_POSTGRES_RESTART`, `_STOP` and `_START`
+//! (shell commands that restart, stop and start the server), and runs
+//! `cargo test --release --test store_outage -- --ignored --test-threads 1`.
 
 mod common;
 
@@ -24,14 +29,7 @@ fn a_postgres_restart_under_load_answers_503_then_recovers_with_every_answer_kep
     let url = std::env::var("TOLLGATE_TEST_POSTGRES").expect("TOLLGATE_TEST_POSTGRES");
     let restart =
         std::env::var("TOLLGATE_TEST_POSTGRES_RESTART").expect("TOLLGATE_TEST_POSTGRES_RESTART");
-    let name = format!("tollgate_outage_{}", std::process::id());
-    {
-        let mut c = postgres::Client::connect(&url, postgres::NoTls).unwrap();
-        c.batch_execute(&format!("DROP DATABASE IF EXISTS {name}"))
-            .unwrap();
-        c.batch_execute(&format!("CREATE DATABASE {name}")).unwrap();
-    }
-    let db = format!("{}/{name}", url.rsplit_once('/').unwrap().0);
+    let (name, db) = fresh_database(&url, "restart");
     let dir = tempfile::tempdir().unwrap();
     let config = json!({
         "auth": {"callers": {CALLER: "acme"}, "admins": [ADMIN]},
@@ -81,11 +79,7 @@ fn a_postgres_restart_under_load_answers_503_then_recovers_with_every_answer_kep
         .collect();
 
     std::thread::sleep(Duration::from_millis(1500));
-    let restarted = std::process::Command::new("sh")
-        .args(["-c", &restart])
-        .status()
-        .unwrap();
-    assert!(restarted.success(), "{restart} failed");
+    shell(&restart);
     let back = Instant::now();
     std::thread::sleep(Duration::from_secs(6));
     stop.store(true, Ordering::Relaxed);
@@ -155,7 +149,187 @@ fn a_postgres_restart_under_load_answers_503_then_recovers_with_every_answer_kep
         }
     }
     assert!(s.stop().success());
-    if let Ok(mut c) = postgres::Client::connect(&url, postgres::NoTls) {
+    drop_database(&url, &name);
+}
+
+/// A database of its own for one test: its name and URL.
+fn fresh_database(url: &str, test: &str) -> (String, String) {
+    let name = format!("tollgate_outage_{test}_{}", std::process::id());
+    let mut c = postgres::Client::connect(url, postgres::NoTls).unwrap();
+    c.batch_execute(&format!("DROP DATABASE IF EXISTS {name}"))
+        .unwrap();
+    c.batch_execute(&format!("CREATE DATABASE {name}")).unwrap();
+    let db = format!("{}/{name}", url.rsplit_once('/').unwrap().0);
+    (name, db)
+}
+
+fn drop_database(url: &str, name: &str) {
+    if let Ok(mut c) = postgres::Client::connect(url, postgres::NoTls) {
         let _ = c.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"));
     }
+}
+
+fn shell(command: &str) {
+    let status = std::process::Command::new("sh")
+        .args(["-c", command])
+        .status()
+        .unwrap();
+    assert!(status.success(), "{command} failed");
+}
+
+/// The gateway tests' stub upstream (tests/gateway/stub_upstream.py), on a free port; it
+/// stops with the test.
+struct Stub {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl Stub {
+    fn start() -> Stub {
+        use std::io::BufRead;
+        let script = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/gateway/stub_upstream.py"
+        );
+        let mut child = std::process::Command::new("python3")
+            .args([script, "0"])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let port = line.trim().parse().expect("the stub prints its port");
+        Stub { child, port }
+    }
+}
+
+impl Drop for Stub {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A chat completion through the gateway: its answer, whatever its status.
+fn chat(base: &str, key: &str, content: &str) -> ureq::Response {
+    let body = json!({"model": "gpt-4o-mini", "max_tokens": 10,
+                      "messages": [{"role": "user", "content": content}]});
+    let r = ureq::post(&format!("{base}/v1/chat/completions"))
+        .set("Authorization", &format!("Bearer {CALLER}"))
+        .set("Idempotency-Key", key)
+        .timeout(Duration::from_secs(30))
+        .send_string(&body.to_string());
+    match r {
+        Ok(r) | Err(ureq::Error::Status(_, r)) => r,
+        Err(e) => panic!("{key}: the connection failed: {e}"),
+    }
+}
+
+#[test]
+#[ignore = "stops PostgreSQL: .ci/run runs it alone with --ignored"]
+fn a_gateway_answer_during_a_store_outage_reaches_its_caller_and_its_completion_is_kept() {
+    let url = std::env::var("TOLLGATE_TEST_POSTGRES").expect("TOLLGATE_TEST_POSTGRES");
+    let stop_db =
+        std::env::var("TOLLGATE_TEST_POSTGRES_STOP").expect("TOLLGATE_TEST_POSTGRES_STOP");
+    let start_db =
+        std::env::var("TOLLGATE_TEST_POSTGRES_START").expect("TOLLGATE_TEST_POSTGRES_START");
+    let (name, db) = fresh_database(&url, "gateway");
+    let stub = Stub::start();
+    let dir = tempfile::tempdir().unwrap();
+    // One slot for the tenant: the next call is admitted only once the kept completion
+    // has released it.
+    let config = json!({
+        "refund_unused_tokens": true,
+        "auth": {"callers": {CALLER: "acme"}, "admins": [ADMIN]},
+        "global": {"requests": {"capacity": 1e9, "refill_per_s": 0}, "concurrency": 100},
+        "tenant_defaults": {"requests": {"capacity": 1e9, "refill_per_s": 0},
+                            "tokens": {"capacity": 100000, "refill_per_s": 0}},
+        "tenants": {"acme": {"concurrency": 1}},
+        "gateway": {
+            "upstreams": {"stub": {"base_url": format!("http://127.0.0.1:{}/v1", stub.port)}},
+            "models": {"gpt-4o-mini": {"upstream": "stub", "tokenizer": "o200k_base"}},
+            "default_timeout_ms": 20000
+        }
+    });
+    let s = Server::start_on(dir.path(), "config", &config, &db, &[]);
+    let base = s.base.clone();
+
+    // The stub holds its answer 3 s ("stall"); the store goes away meanwhile.
+    let held = {
+        let base = base.clone();
+        std::thread::spawn(move || chat(&base, "held-1", "stall then answer"))
+    };
+    std::thread::sleep(Duration::from_millis(700));
+    shell(&stop_db);
+    let answer = held.join().unwrap();
+    assert_eq!(
+        answer.status(),
+        200,
+        "the caller gets the upstream's answer"
+    );
+    let body: Value = serde_json::from_str(&answer.into_string().unwrap()).unwrap();
+    assert_eq!(
+        body["choices"][0]["message"]["content"], "Hello world",
+        "{body}"
+    );
+
+    // While the store is away a new call is refused before anything goes upstream, in a
+    // shape the OpenAI SDKs wait on.
+    let r = chat(&base, "during-1", "hello");
+    assert_eq!(r.status(), 503);
+    assert!(r.header("Retry-After").is_some());
+    assert!(r.header("retry-after-ms").is_some());
+    assert_eq!(r.header("x-tollgate-reason"), Some("store_unavailable"));
+    let v: Value = serde_json::from_str(&r.into_string().unwrap()).unwrap();
+    assert_eq!(v["error"]["code"], "store_unavailable", "{v}");
+
+    shell(&start_db);
+    // The kept completion lands: the operation succeeded with the stub's usage, and the
+    // tenant's one slot is free again (a new call is admitted and answered).
+    let started = Instant::now();
+    loop {
+        let r = ureq::get(&format!("{base}/v1/operations/held-1"))
+            .set("Authorization", &format!("Bearer {CALLER}"))
+            .call();
+        if let Ok(r) = r {
+            let op: Value = serde_json::from_str(&r.into_string().unwrap()).unwrap();
+            if op["state"] == "succeeded" {
+                break;
+            }
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "held-1 never reached succeeded after the store came back"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Refunds followed the stub's usage (11 in, 2 out): what was spent is what it reported.
+    let inspect = ureq::get(&format!("{base}/v1/admin/inspect"))
+        .set("Authorization", &format!("Bearer {ADMIN}"))
+        .call()
+        .unwrap();
+    let inspect: Value = serde_json::from_str(&inspect.into_string().unwrap()).unwrap();
+    assert_eq!(
+        inspect["buckets"]["tenant.acme.tokens"],
+        100000 - 13,
+        "{inspect}"
+    );
+    let after = chat(&base, "after-1", "hello");
+    assert_eq!(after.status(), 200, "the slot was released");
+
+    let metrics = ureq::get(&format!("{base}/metrics"))
+        .call()
+        .unwrap()
+        .into_string()
+        .unwrap();
+    for line in [
+        "tollgate_gateway_completions_kept_total{outcome=\"kept\"} 1",
+        "tollgate_gateway_completions_kept_total{outcome=\"applied\"} 1",
+    ] {
+        assert!(metrics.contains(line), "{line} not in /metrics");
+    }
+    assert!(s.stop().success());
+    drop_database(&url, &name);
 }

@@ -3,6 +3,7 @@
 //! before doing the work and the policy allows it. Only the final result reaches the
 //! caller.
 
+use super::completion::{finish, Ending};
 use super::openai;
 use super::sse::{self, Splitter};
 use super::upstream::{self, Sent};
@@ -14,8 +15,8 @@ use axum::response::Response;
 use http_body_util::{BodyExt, Full};
 use serde_json::{json, Value};
 use std::time::Instant;
-use tollgate::engine::{Answer, Completion, Decision, Job, TenantLevels};
-use tollgate::model::{CallResult, Usage};
+use tollgate::engine::{Answer, Decision, Job, TenantLevels};
+use tollgate::model::CallResult;
 use tollgate::reason::Outcome;
 
 /// Runs the call to its end and answers the caller.
@@ -65,7 +66,11 @@ pub async fn run(s: Shared, call: ChatCall) -> Response {
                 let usage = serde_json::from_slice::<Value>(&body)
                     .ok()
                     .and_then(|v| sse::usage_of(&v));
-                finish(&s, &call, attempt, CallResult::Succeeded, usage, None, None).await;
+                let ending = Ending {
+                    usage,
+                    ..Ending::of(CallResult::Succeeded)
+                };
+                finish(&s, &call, attempt, ending).await;
                 count(&s, &call, "succeeded");
                 let mut response = Response::new(Body::from(body));
                 response.headers_mut().insert(
@@ -82,16 +87,12 @@ pub async fn run(s: Shared, call: ChatCall) -> Response {
             } => {
                 observe(&s.metrics.gateway_upstream_seconds, &call, started);
                 tracing::info!(tenant = %call.tenant, key = %call.key, attempt, kind = refusal.kind, status = status.as_u16(), "upstream refused");
-                let verdict = finish(
-                    &s,
-                    &call,
-                    attempt,
-                    CallResult::Failed,
-                    None,
-                    Some(refusal.kind),
-                    refusal.retry_after_ms,
-                )
-                .await;
+                let ending = Ending {
+                    failure: Some(refusal.kind),
+                    provider_retry_after_ms: refusal.retry_after_ms,
+                    ..Ending::of(CallResult::Failed)
+                };
+                let verdict = finish(&s, &call, attempt, ending).await;
                 let retry_at =
                     verdict.and_then(|v| v.eligible.then_some(v.not_before_ms).flatten());
                 if let (Some(at), true) = (retry_at, attempts < g.max_attempts) {
@@ -155,51 +156,6 @@ pub(super) async fn levels(s: &AppState, tenant: &str) -> Option<TenantLevels> {
     }
 }
 
-/// Reports how the attempt ended; the retry verdict after a failure.
-async fn finish(
-    s: &AppState,
-    call: &ChatCall,
-    attempt: u32,
-    result: CallResult,
-    usage: Option<Usage>,
-    failure: Option<&str>,
-    provider_retry_after_ms: Option<u64>,
-) -> Option<tollgate::model::RetryVerdict> {
-    if let Some(u) = usage {
-        let tokens = &s.metrics.gateway_tokens;
-        tokens
-            .with_label_values(&[&call.tenant, &call.model, "in"])
-            .inc_by(u.input_tokens);
-        tokens
-            .with_label_values(&[&call.tenant, &call.model, "out"])
-            .inc_by(u.output_tokens);
-    }
-    let job = Job::Complete {
-        completion: Completion {
-            result,
-            usage,
-            failure: failure.map(str::to_string),
-            provider_retry_after_ms,
-            // A report names its attempt: a late one can never end the next attempt.
-            attempt: Some(attempt),
-            ..Completion::succeeded(&call.tenant, &call.key)
-        },
-        now_ms: s.clock.now_ms(),
-    };
-    match s.writer.submit(job).await {
-        Ok(Answer::Completion(a)) => {
-            if !a.ok {
-                tracing::warn!(tenant = %call.tenant, key = %call.key, error = ?a.error, "completion not applied");
-            }
-            a.retry
-        }
-        other => {
-            tracing::error!(tenant = %call.tenant, key = %call.key, answer = ?other.err(), "completion failed");
-            None
-        }
-    }
-}
-
 /// The request sent upstream: the caller's body with the upstream's model name, the
 /// plan's output limit, and the usage chunk asked for on streams; the upstream's key.
 fn upstream_request(
@@ -248,14 +204,14 @@ fn deadline_instant(s: &AppState, deadline_ms: i64) -> tokio::time::Instant {
 
 /// The outcome is unknown: recorded so (the slot stays held), answered 502.
 async fn lost(
-    s: &AppState,
+    s: &Shared,
     call: &ChatCall,
     attempt: u32,
     why: &str,
     levels: Option<&TenantLevels>,
 ) -> Response {
     tracing::warn!(tenant = %call.tenant, key = %call.key, attempt, why, "upstream outcome unknown");
-    finish(s, call, attempt, CallResult::Unknown, None, None, None).await;
+    finish(s, call, attempt, Ending::of(CallResult::Unknown)).await;
     count(s, call, "unknown");
     let mut response = openai::error(
         502,
@@ -411,13 +367,17 @@ fn stream(
         observe(&s.metrics.gateway_upstream_seconds, &call, started);
         match failure {
             None if done || usage.is_some() => {
-                finish(&s, &call, attempt, CallResult::Succeeded, usage, None, None).await;
+                let ending = Ending {
+                    usage,
+                    ..Ending::of(CallResult::Succeeded)
+                };
+                finish(&s, &call, attempt, ending).await;
                 count(&s, &call, "succeeded");
             }
             failure => {
                 let why = failure.unwrap_or_else(|| "the stream ended without [DONE]".into());
                 tracing::warn!(tenant = %call.tenant, key = %call.key, attempt, why, "upstream stream cut off: outcome unknown");
-                finish(&s, &call, attempt, CallResult::Unknown, None, None, None).await;
+                finish(&s, &call, attempt, Ending::of(CallResult::Unknown)).await;
                 count(&s, &call, "unknown");
                 let error = json!({"error": {"message": "the upstream stream was cut off; the outcome is unknown and the call is not retried",
                                              "type": "api_error", "code": "unknown_outcome"}});

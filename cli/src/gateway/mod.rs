@@ -8,6 +8,7 @@
 //! `unknown`, its slot held, never retried.
 
 mod call;
+mod completion;
 mod openai;
 mod sse;
 mod tokens;

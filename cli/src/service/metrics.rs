@@ -35,6 +35,9 @@ pub struct Metrics {
     pub gateway_ttft_seconds: HistogramVec,
     /// Tokens the providers reported, by tenant, model and direction (`in`, `out`).
     pub gateway_tokens: IntCounterVec,
+    /// Gateway completions the store could not take at once (`kept`), and how each kept
+    /// one ended (`applied`, `not_applied`, `given_up`).
+    pub gateway_completions_kept: IntCounterVec,
     /// Live admissions the shadow policy was asked about, by both answers.
     pub shadow: GaugeVec,
     /// Policy `log` lines dropped over the per-call bound.
@@ -134,6 +137,11 @@ impl Metrics {
             "Tokens the providers reported, by tenant, model and direction",
             &["tenant", "model", "direction"],
         );
+        let gateway_completions_kept = counters(
+            "tollgate_gateway_completions_kept_total",
+            "Gateway completions kept through a store outage, and how each ended",
+            &["outcome"],
+        );
         let shadow = gauges(
             "tollgate_shadow_decisions",
             "Live admissions the shadow policy was asked about, by the active and the shadow answer",
@@ -170,6 +178,7 @@ impl Metrics {
             Box::new(gateway_upstream_seconds.clone()),
             Box::new(gateway_ttft_seconds.clone()),
             Box::new(gateway_tokens.clone()),
+            Box::new(gateway_completions_kept.clone()),
             Box::new(responses.clone()),
             Box::new(connections.clone()),
             Box::new(policy.clone()),
@@ -200,6 +209,7 @@ impl Metrics {
             gateway_upstream_seconds,
             gateway_ttft_seconds,
             gateway_tokens,
+            gateway_completions_kept,
             shadow,
             log_lines_dropped,
             unknown_operations,
