@@ -1,10 +1,11 @@
-//! Policies in Python and JavaScript, built by the real componentize-py and componentize-js:
+//! Policies in Python, TypeScript and JavaScript, built by the real componentize-py, the
+//! TypeScript compiler and componentize-js:
 //! the author's loop from an empty folder, the standard rules ported to both passing every
 //! scenario, the sealed WASI surface (nothing granted; clocks, random and output from the
 //! decision), and a hostile Python policy failing closed under the configuration's limits.
 //!
 //! The toolchains are installed here when missing: componentize-py (PyPI) into
-//! target/polyglot-venv, componentize-js (npm) into target/polyglot-node. `.ci/run`
+//! target/polyglot-venv, componentize-js and TypeScript (npm) into target/polyglot-node. `.ci/run`
 //! installs them first, so that an install failure is reported as such.
 
 mod common;
@@ -198,6 +199,52 @@ fn a_python_policy_from_an_empty_folder() {
 #[test]
 fn a_javascript_policy_from_an_empty_folder() {
     new_build_test("javascript", "policy.js");
+}
+
+#[test]
+fn a_typescript_policy_from_an_empty_folder() {
+    new_build_test("typescript", "policy.ts");
+    for file in ["tsconfig.json", "sdk/tollgate-policy.d.ts"] {
+        let dir = tempfile::tempdir().unwrap();
+        tollgate(dir.path(), &["policy", "new", "t", "--lang", "typescript"]);
+        assert!(dir.path().join("t").join(file).is_file(), "{file}");
+    }
+}
+
+#[test]
+fn a_typescript_policy_with_a_type_error_is_not_built() {
+    let dir = tempfile::tempdir().unwrap();
+    let new = tollgate(
+        dir.path(),
+        &["policy", "new", "typo", "--lang", "typescript"],
+    );
+    assert!(new.status.success(), "{}", text(&new));
+    // A number where the SDK takes a BigInt: JavaScript would build it and fail at run time.
+    let source = dir.path().join("typo/policy.ts");
+    let wrong = std::fs::read_to_string(&source).unwrap().replace(
+        "refuse(\"overloaded\", 1000n)",
+        "refuse(\"overloaded\", 1000)",
+    );
+    std::fs::write(&source, wrong).unwrap();
+    let build = tollgate(dir.path(), &["policy", "build", "typo"]);
+    let out = text(&build);
+    assert!(!build.status.success(), "{out}");
+    assert!(
+        out.contains("policy.ts(") && out.contains("error TS2345"),
+        "{out}"
+    );
+    assert!(!dir.path().join("typo/target/typo.wasm").exists());
+    assert!(
+        !dir.path().join("typo/policy.js").exists(),
+        "the project holds no generated code"
+    );
+
+    // Without tsconfig.json the build says what is missing.
+    std::fs::remove_file(dir.path().join("typo/tsconfig.json")).unwrap();
+    let build = tollgate(dir.path(), &["policy", "build", "typo"]);
+    let out = text(&build);
+    assert!(!build.status.success(), "{out}");
+    assert!(out.contains("no tsconfig.json"), "{out}");
 }
 
 #[test]

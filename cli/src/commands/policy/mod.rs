@@ -18,7 +18,8 @@ pub enum Command {
     New {
         /// The project's folder; its last part names the policy.
         name: PathBuf,
-        /// The policy's language: rust, python (componentize-py) or javascript (componentize-js).
+        /// The policy's language: rust, python (componentize-py), typescript (tsc, then
+        /// componentize-js) or javascript (componentize-js).
         #[arg(long, default_value = "rust")]
         lang: String,
     },

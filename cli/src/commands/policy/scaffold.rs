@@ -153,10 +153,52 @@ const JAVASCRIPT: &[File] = &[
     },
 ];
 
+/// The TypeScript project: the templates of `cli/templates/typescript/` and the JavaScript
+/// SDK (its types are what the compiler checks against) with the world of `wit/0.2.0/`.
+const TYPESCRIPT: &[File] = &[
+    File {
+        path: "policy.ts",
+        text: include_str!("../../../templates/typescript/policy.ts.in"),
+    },
+    File {
+        path: "package.json",
+        text: include_str!("../../../templates/typescript/package.json.in"),
+    },
+    File {
+        path: "tsconfig.json",
+        text: include_str!("../../../templates/typescript/tsconfig.json"),
+    },
+    File {
+        path: ".gitignore",
+        text: include_str!("../../../templates/typescript/gitignore"),
+    },
+    File {
+        path: "README.md",
+        text: include_str!("../../../templates/typescript/README.md.in"),
+    },
+    File {
+        path: "scenarios/{name}.json",
+        text: include_str!("../../../templates/rust/scenario.json.in"),
+    },
+    File {
+        path: "sdk/tollgate-policy.js",
+        text: include_str!("../../../../guest/javascript/tollgate-policy.js"),
+    },
+    File {
+        path: "sdk/tollgate-policy.d.ts",
+        text: include_str!("../../../../guest/javascript/tollgate-policy.d.ts"),
+    },
+    File {
+        path: "wit/0.2.0/policy.wit",
+        text: include_str!("../../../../wit/0.2.0/policy.wit"),
+    },
+];
+
 /// The languages `policy new` knows, with their projects.
 const LANGUAGES: &[(&str, &[File])] = &[
     ("rust", RUST),
     ("python", PYTHON),
+    ("typescript", TYPESCRIPT),
     ("javascript", JAVASCRIPT),
 ];
 

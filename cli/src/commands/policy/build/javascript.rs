@@ -13,7 +13,7 @@ use std::process::Command;
 /// The module componentize-js builds.
 pub const SOURCE: &str = "policy.js";
 /// The package that builds it, under a `node_modules` folder.
-const PACKAGE: &str = "@bytecodealliance/componentize-js";
+pub const PACKAGE: &str = "@bytecodealliance/componentize-js";
 
 /// Calls componentize-js: `node -e BUILD ENTRY SOURCE WIT OUT`.
 const BUILD: &str = r#"
@@ -29,9 +29,15 @@ await writeFile(out, component);
 /// Builds the JavaScript project in `dir` into `path` (both absolute).
 pub fn build(dir: &Path, path: &Path) -> Result<Built, String> {
     check_layout(dir, "sdk/tollgate-policy.js")?;
-    let entry = componentize_js(dir)?;
-    let stage = Stage::new()?;
-    stage.copy(dir, &stage.0)?;
+    let modules = node_modules(dir, &[PACKAGE])?;
+    let stage = Stage::of(dir)?;
+    componentize(&modules, &stage, path)
+}
+
+/// Makes the component of the staged `policy.js` with componentize-js from `modules`.
+pub fn componentize(modules: &Path, stage: &Stage, path: &Path) -> Result<Built, String> {
+    let entry =
+        entry_in(modules).ok_or_else(|| format!("no {PACKAGE} in {}", modules.display()))?;
     let mut command = Command::new("node");
     command
         .current_dir(&stage.0)
@@ -45,9 +51,16 @@ pub fn build(dir: &Path, path: &Path) -> Result<Built, String> {
 }
 
 /// A staging folder, removed when dropped.
-struct Stage(PathBuf);
+pub struct Stage(pub PathBuf);
 
 impl Stage {
+    /// A staging copy of the project in `dir`.
+    pub fn of(dir: &Path) -> Result<Self, String> {
+        let stage = Stage::new()?;
+        stage.copy(dir, &stage.0)?;
+        Ok(stage)
+    }
+
     fn new() -> Result<Self, String> {
         static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -75,7 +88,7 @@ impl Stage {
                 let dest = to.join(&*name);
                 std::fs::create_dir_all(&dest).map_err(|e| error(&dest, e))?;
                 self.copy(&source, &dest)?;
-            } else if [".js", ".mjs", ".json", ".wit"]
+            } else if [".js", ".mjs", ".ts", ".mts", ".json", ".wit"]
                 .iter()
                 .any(|ext| name.ends_with(ext))
             {
@@ -93,44 +106,53 @@ impl Drop for Stage {
     }
 }
 
-/// componentize-js's module: from `TOLLGATE_NODE_MODULES`, else the project's
-/// `node_modules`, else the one this repository's setup installed beside the executable
-/// (`target/polyglot-node`), else installed into the project by `npm install` from its
+/// componentize-js's module in a `node_modules` folder.
+fn entry_in(modules: &Path) -> Option<PathBuf> {
+    let package = modules.join(PACKAGE);
+    let manifest = std::fs::read_to_string(package.join("package.json")).ok()?;
+    let manifest: serde_json::Value = serde_json::from_str(&manifest).ok()?;
+    let entry = manifest["exports"]["import"]
+        .as_str()
+        .or(manifest["main"].as_str())?;
+    Some(package.join(entry))
+}
+
+/// The `node_modules` folder holding every package of `packages`: `TOLLGATE_NODE_MODULES`,
+/// else the project's `node_modules`, else the one this repository's setup installed beside
+/// the executable (`target/polyglot-node`), else the project's after `npm install` from its
 /// package.json.
-fn componentize_js(dir: &Path) -> Result<PathBuf, String> {
-    let entry_in = |modules: &Path| -> Option<PathBuf> {
-        let package = modules.join(PACKAGE);
-        let manifest = std::fs::read_to_string(package.join("package.json")).ok()?;
-        let manifest: serde_json::Value = serde_json::from_str(&manifest).ok()?;
-        let entry = manifest["exports"]["import"]
-            .as_str()
-            .or(manifest["main"].as_str())?;
-        Some(package.join(entry))
+pub fn node_modules(dir: &Path, packages: &[&str]) -> Result<PathBuf, String> {
+    let holds = |modules: &Path| {
+        packages
+            .iter()
+            .all(|p| modules.join(p).join("package.json").is_file())
     };
+    let wanted = packages.join(", ");
     if let Some(modules) = std::env::var_os("TOLLGATE_NODE_MODULES") {
         let modules = PathBuf::from(modules);
-        return entry_in(&modules).ok_or_else(|| {
-            format!(
-                "TOLLGATE_NODE_MODULES={}: no {PACKAGE} there",
+        return if holds(&modules) {
+            Ok(modules)
+        } else {
+            Err(format!(
+                "TOLLGATE_NODE_MODULES={}: it lacks one of {wanted}",
                 modules.display()
-            )
-        });
+            ))
+        };
     }
-    let modules = dir.join("node_modules");
-    if let Some(entry) = entry_in(&modules) {
-        return Ok(entry);
+    let project = dir.join("node_modules");
+    if holds(&project) {
+        return Ok(project);
     }
-    if let Some(entry) = beside_executable("polyglot-node/node_modules").and_then(|m| entry_in(&m))
-    {
-        return Ok(entry);
+    if let Some(modules) = beside_executable("polyglot-node/node_modules").filter(|m| holds(m)) {
+        return Ok(modules);
     }
     if !dir.join("package.json").is_file() {
         return Err(format!(
-            "{}: no package.json naming {PACKAGE} (`tollgate policy new --lang javascript` writes one)",
+            "{}: no package.json naming {wanted} (`tollgate policy new` writes one)",
             dir.display()
         ));
     }
-    eprintln!("{PACKAGE} not found: npm install in {}", dir.display());
+    eprintln!("{wanted} not found: npm install in {}", dir.display());
     let mut install = Command::new("npm");
     install
         .current_dir(dir)
@@ -139,5 +161,9 @@ fn componentize_js(dir: &Path) -> Result<PathBuf, String> {
         install,
         "npm install (Node.js 20 or later and npm are needed)",
     )?;
-    entry_in(&modules).ok_or_else(|| format!("npm install did not install {PACKAGE}"))
+    if holds(&project) {
+        Ok(project)
+    } else {
+        Err(format!("npm install did not install {wanted}"))
+    }
 }

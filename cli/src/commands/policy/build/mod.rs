@@ -2,11 +2,13 @@
 //! toolchain, then loaded and described as activation would see it.
 //!
 //! The language is the project's: `Cargo.toml` is Rust, `app.py` is Python (componentize-py),
-//! `policy.js` is JavaScript (componentize-js, the builder `jco componentize` wraps).
+//! `policy.ts` is TypeScript (the TypeScript compiler, then as JavaScript), `policy.js` is
+//! JavaScript (componentize-js, the builder `jco componentize` wraps).
 
 mod javascript;
 mod python;
 mod rust;
+mod typescript;
 
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
@@ -40,14 +42,17 @@ pub fn build(dir: &Path, out: Option<&Path>) -> Result<Built, String> {
         return rust::build(dir, out);
     } else if dir.join(python::SOURCE).is_file() {
         python::build
+    } else if dir.join(typescript::SOURCE).is_file() {
+        typescript::build
     } else if dir.join(javascript::SOURCE).is_file() {
         javascript::build
     } else {
         return Err(format!(
-            "{}: not a policy project (no Cargo.toml, {} or {}; make one with \\
-                 `tollgate policy new NAME --lang rust|python|javascript`)",
+            "{}: not a policy project (no Cargo.toml, {}, {} or {}; make one with \
+             `tollgate policy new NAME --lang rust|python|typescript|javascript`)",
             dir.display(),
             python::SOURCE,
+            typescript::SOURCE,
             javascript::SOURCE
         ));
     };
