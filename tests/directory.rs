@@ -181,12 +181,26 @@ fn tenants_and_keys_are_made_at_run_time_and_kept_across_restarts() {
         .as_str()
         .unwrap()
         .to_string();
+    // A key the configuration file owns is changed there, not through the API.
     let (ok, out) = cli(&s, &["keys", "revoke", &acme_id]);
-    assert!(ok, "{out}");
-    assert_eq!(
-        s.admit(OTHER_CALLER, request("g1", "interactive", 1)).0,
-        401
+    assert!(!ok && out.contains("owned_by_configuration"), "{out}");
+    // Still the tenant's key (the two slots are taken: refused for that, not for the key).
+    let (status, _, answer) = s.admit(OTHER_CALLER, request("g1", "interactive", 1));
+    assert_eq!(answer["reason"], "global_concurrency", "{status} {answer}");
+    // A key made through the API is revoked at once.
+    let (ok, out) = cli(
+        &s,
+        &["keys", "create", "--role", "caller", "--tenant", "initech"],
     );
+    assert!(ok, "{out}");
+    let spare: Value = serde_json::from_str(&out).unwrap_or_else(|_| panic!("{out}"));
+    let (spare_key, spare_id) = (
+        spare["key"].as_str().unwrap().to_string(),
+        spare["id"].as_str().unwrap().to_string(),
+    );
+    let (ok, out) = cli(&s, &["keys", "revoke", &spare_id]);
+    assert!(ok, "{out}");
+    assert_eq!(s.admit(&spare_key, request("s1", "interactive", 1)).0, 401);
     assert!(s.stop().success());
 
     // Keys are kept as hashes: no key in the store's files.
@@ -213,7 +227,7 @@ fn tenants_and_keys_are_made_at_run_time_and_kept_across_restarts() {
     );
     assert_eq!(requests_left(&s, "initech"), 5);
     assert_eq!(
-        s.admit(OTHER_CALLER, request("g2", "interactive", 1)).0,
+        s.admit(&spare_key, request("s2", "interactive", 1)).0,
         401,
         "revoked stays revoked"
     );
@@ -265,8 +279,128 @@ fn tenants_and_keys_are_made_at_run_time_and_kept_across_restarts() {
     );
     assert_eq!(
         (status, answer["reason"].as_str()),
+        (409, Some("owned_by_configuration")),
+        "{answer}"
+    );
+    assert!(s.stop().success());
+}
+
+fn tenant_config(s: &Server, name: &str) -> (u16, Value) {
+    let (status, t) = send(s, "GET", &format!("/v1/admin/tenants/{name}"), ADMIN, None);
+    (status, t["config"].clone())
+}
+
+/// What the file says is applied at every start: its tenants and keys are created, updated
+/// and removed to match it and owned by it; tenants and keys made through the API are kept.
+#[test]
+fn the_file_is_applied_at_every_start_beside_what_the_api_made() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path(), &config());
+    // An API-made tenant with a key.
+    let (status, _) = send(
+        &s,
+        "PUT",
+        "/v1/admin/tenants/hooli",
+        ADMIN,
+        Some(json!({"requests": {"capacity": 4, "refill_per_s": 0}})),
+    );
+    assert_eq!(status, 200);
+    let (ok, out) = cli(
+        &s,
+        &["keys", "create", "--role", "caller", "--tenant", "hooli"],
+    );
+    assert!(ok, "{out}");
+    let made: Value = serde_json::from_str(&out).unwrap();
+    let hooli_key = made["key"].as_str().unwrap().to_string();
+    // A file-owned tenant cannot be changed or deleted through the API.
+    for (method, body) in [("PUT", Some(json!({"weight": 3}))), ("DELETE", None)] {
+        let (status, answer) = send(&s, method, "/v1/admin/tenants/acme", ADMIN, body);
+        assert_eq!(
+            (status, answer["reason"].as_str()),
+            (409, Some("owned_by_configuration")),
+            "{method} {answer}"
+        );
+        assert!(
+            answer["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("tenant acme")),
+            "{answer}"
+        );
+    }
+    assert!(s.stop().success());
+
+    // A tenant and key added to the file, another tenant changed: usable after a restart.
+    let mut grown = config();
+    grown["tenants"]["initech"] = json!({"requests": {"capacity": 7, "refill_per_s": 0}});
+    grown["tenants"]["globex"] = json!({"requests": {"capacity": 3, "refill_per_s": 0}});
+    grown["auth"]["callers"]["initech-key"] = json!("initech");
+    let s = Server::start(dir.path(), &grown);
+    let (status, _, answer) = s.admit("initech-key", request("n1", "interactive", 1));
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(requests_left(&s, "initech"), 6);
+    assert_eq!(tenant_config(&s, "globex").1["requests"]["capacity"], 3.0);
+    // The API-made tenant and key survive.
+    assert_eq!(tenant_config(&s, "hooli").0, 200);
+    let (status, _, answer) = s.admit(&hooli_key, request("h1", "interactive", 1));
+    assert_eq!(status, 200, "{answer}");
+    let done = Some(json!({"result": "succeeded"}));
+    for (key, op) in [("initech-key", "n1"), (hooli_key.as_str(), "h1")] {
+        let path = format!("/v1/operations/{op}/complete");
+        assert_eq!(send(&s, "POST", &path, key, done.clone()).0, 200);
+    }
+    assert!(s.stop().success());
+
+    // Taken out of the file again: its tenant and key go; the API's stay.
+    let s = Server::start(dir.path(), &config());
+    assert_eq!(tenant_config(&s, "initech").0, 404);
+    assert_eq!(
+        s.admit("initech-key", request("n2", "interactive", 1)).0,
+        401
+    );
+    assert_eq!(
+        tenant_config(&s, "globex").1,
+        json!({"requests": {"capacity": 1.0, "refill_per_s": 0.5}})
+    );
+    assert_eq!(tenant_config(&s, "hooli").0, 200);
+    assert!(s.stop().success());
+
+    // With `api_may_change_file_entries`, the API may change the file's entries until the
+    // next start applies the file again; the last admin key is still never revoked.
+    let mut open = config();
+    open["api_may_change_file_entries"] = json!(true);
+    let s = Server::start(dir.path(), &open);
+    let (status, answer) = send(
+        &s,
+        "PUT",
+        "/v1/admin/tenants/acme",
+        ADMIN,
+        Some(json!({"weight": 3})),
+    );
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(tenant_config(&s, "acme").1, json!({"weight": 3}));
+    let admin_id = send(&s, "GET", "/v1/admin/keys", ADMIN, None).1["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|k| k["role"] == "admin")
+        .unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (status, answer) = send(
+        &s,
+        "DELETE",
+        &format!("/v1/admin/keys/{admin_id}"),
+        ADMIN,
+        None,
+    );
+    assert_eq!(
+        (status, answer["reason"].as_str()),
         (409, Some("last_admin_key"))
     );
+    assert!(s.stop().success());
+    let s = Server::start(dir.path(), &open);
+    assert_eq!(tenant_config(&s, "acme").1, json!({}));
     assert!(s.stop().success());
 }
 

@@ -357,7 +357,8 @@ fn a_shadow_policy_is_counted_on_live_traffic_and_never_changes_an_answer() {
 }
 
 /// The policy state is the store's: a swapped policy and a shadow outlive a restart whose
-/// configuration names another policy, and rollback goes back to the one before the swap.
+/// configuration is unchanged, and rollback goes back to the one before the swap; a
+/// configuration whose policy file changed installs it at the next start.
 #[test]
 fn a_swapped_policy_and_its_shadow_outlive_a_restart() {
     let dir = tempfile::tempdir().unwrap();
@@ -401,5 +402,23 @@ fn a_swapped_policy_and_its_shadow_outlive_a_restart() {
     assert_eq!(status, 404, "the removed shadow stays removed");
     let (status, _, answer) = s.admit(CALLER, request("r2", "interactive", 10));
     assert_eq!(status, 200, "{answer}");
+    assert!(s.stop().success());
+
+    // The file now names other bytes: they are installed as the new version at the start,
+    // and rollback returns to the policy they replaced.
+    let mut changed = config();
+    changed["policy"] = json!(policy_file(dir.path(), "deny-all").to_str().unwrap());
+    let s = Server::start(dir.path(), &changed);
+    let policy = s.call("GET", "/v1/admin/policy", Some(ADMIN), None).2;
+    assert_eq!(policy["name"], "deny-all", "{policy}");
+    let (status, _, back) = s.call("POST", "/v1/admin/policy/rollback", Some(ADMIN), None);
+    assert_eq!((status, back["name"].as_str()), (200, Some("standard")));
+    assert!(s.stop().success());
+    // The same file again: unchanged since the last start, so the rollback stays in force.
+    let s = Server::start(dir.path(), &changed);
+    assert_eq!(
+        s.call("GET", "/v1/admin/policy", Some(ADMIN), None).2["name"],
+        "standard"
+    );
     assert!(s.stop().success());
 }

@@ -71,6 +71,7 @@ fn fill(store: &mut SqliteStore, tenants: u32, jobs: u64) -> Result<(), StoreErr
                 priority: Default::default(),
                 reserved_cost_microusd: 0,
                 state_since_ms: Some(0),
+                usage: None,
             };
             tx.put_operation(&op)?;
             tx.enqueue(&QueuedJob {

@@ -165,6 +165,11 @@ export function giveUp(reason: GiveUpReason): RetryDecision;
 export function readParams(): Params;
 export function estimatedExecMs(p: Params, maxOutputTokens: bigint): bigint;
 export function slotsReach(fraction: number): boolean;
+/** The plan that admits `req` as asked, with the standard estimate; then `degrade` it. */
+export function plan(req: Request): Plan;
+/** `plan` capped at `maxOutputTokens` of output (at least 1, never raised), optional
+ * context dropped, execution estimate recomputed. */
+export function degrade(plan: Plan, maxOutputTokens: bigint | number): Plan;
 export function backoffDelayMs(report: FailureReport, p: Params): bigint;
 
 /** The standard rules of the contract. */

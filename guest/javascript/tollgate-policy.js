@@ -182,6 +182,34 @@ export const standard = {
   },
 };
 
+/** The plan that admits `req` as asked: its output cap and optional context, with the
+ * standard execution estimate and busy retry-after. Start here, then `degrade` it. */
+export function plan(req) {
+  const p = readParams();
+  return {
+    maxOutputTokens: req.maxOutputTokens,
+    optionalContextTokens: req.optionalContextTokens,
+    estimatedExecMs: estimatedExecMs(p, req.maxOutputTokens),
+    busyRetryAfterMs: toU64(p.busyRetryAfterMs),
+  };
+}
+
+/** `plan` reduced to at most `maxOutputTokens` of output (at least 1) with its optional
+ * context dropped, as the standard degradation does, and its execution estimate recomputed
+ * for the new cap. A plan is never raised: a cap above the plan's own keeps the plan's. To
+ * keep the context, set `optionalContextTokens` back on the result. */
+export function degrade(plan, maxOutputTokens) {
+  let cap = BigInt(maxOutputTokens);
+  if (cap < 1n) cap = 1n;
+  if (cap > plan.maxOutputTokens) cap = plan.maxOutputTokens;
+  return {
+    ...plan,
+    maxOutputTokens: cap,
+    optionalContextTokens: 0n,
+    estimatedExecMs: estimatedExecMs(readParams(), cap),
+  };
+}
+
 /** Global slots in use before this admission reach `fraction` of the limit. */
 export function slotsReach(fraction) {
   const level = host.slots("global");

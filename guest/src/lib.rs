@@ -65,4 +65,4 @@ pub use bindings::tollgate::policy::types::{
     SlotScope,
 };
 
-pub use standard::{param_or, reservation};
+pub use standard::{degrade, param_or, reservation};

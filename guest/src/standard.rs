@@ -188,6 +188,33 @@ pub fn admit(req: &Request) -> Admission {
     })
 }
 
+/// The plan that admits `req` as asked: its output cap and optional context, with the
+/// standard execution estimate and busy retry-after. Start here, then [`degrade`] it.
+pub fn plan(req: &Request) -> Plan {
+    let p = Params::new();
+    Plan {
+        max_output_tokens: req.max_output_tokens,
+        optional_context_tokens: req.optional_context_tokens,
+        estimated_exec_ms: p.estimated_exec_ms(req.max_output_tokens),
+        busy_retry_after_ms: Some(to_u64(p.busy_retry_after_ms())),
+    }
+}
+
+/// `plan` reduced to at most `max_output_tokens` of output (at least 1) with its optional
+/// context dropped, as the standard degradation does, and its execution estimate
+/// recomputed for the new cap (`exec_base_ms + max_output_tokens * exec_ms_per_output_token`).
+/// A plan is never raised: a cap above the plan's own keeps the plan's. To keep the context,
+/// set `optional_context_tokens` back on the result.
+pub fn degrade(plan: Plan, max_output_tokens: u64) -> Plan {
+    let cap = max_output_tokens.max(1).min(plan.max_output_tokens);
+    Plan {
+        max_output_tokens: cap,
+        optional_context_tokens: 0,
+        estimated_exec_ms: Params::new().estimated_exec_ms(cap),
+        ..plan
+    }
+}
+
 /// The degraded form of a request: output capped, optional context dropped.
 fn reduce(req: &Request, p: &Params) -> (u64, u64) {
     let cap = to_u64(p.degraded_max_output_tokens()).max(1);

@@ -264,4 +264,29 @@ mod tests {
         assert!(matches!(answer, Admission::Admit(p) if p.max_output_tokens == 40));
         assert_eq!(calls, 6);
     }
+
+    #[test]
+    fn degrade_caps_the_output_drops_the_context_and_recomputes_the_estimate() {
+        let mut req = MockHost::request("acme", "k");
+        req.max_output_tokens = 2_000;
+        req.optional_context_tokens = 300;
+        let host = MockHost::new()
+            .param("exec_base_ms", 500.0)
+            .param("exec_ms_per_output_token", 20.0);
+        let (plan, _) = host.run(|| standard::plan(&req));
+        assert_eq!(
+            (plan.max_output_tokens, plan.optional_context_tokens),
+            (2_000, 300)
+        );
+        assert_eq!(plan.estimated_exec_ms, 40_500);
+        let (cut, _) = host.run(|| standard::degrade(plan, 128));
+        assert_eq!((cut.max_output_tokens, cut.optional_context_tokens), (128, 0));
+        assert_eq!(cut.estimated_exec_ms, 500 + 128 * 20);
+        assert_eq!(cut.busy_retry_after_ms, plan.busy_retry_after_ms);
+        // Never raised, never below one token.
+        let (same, _) = host.run(|| standard::degrade(cut, 4_000));
+        assert_eq!(same.max_output_tokens, 128);
+        let (one, _) = host.run(|| standard::degrade(cut, 0));
+        assert_eq!((one.max_output_tokens, one.estimated_exec_ms), (1, 520));
+    }
 }

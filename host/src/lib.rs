@@ -10,7 +10,8 @@
 //! - [`store`]: the narrow storage interface, its SQLite backend (embedded, one writer) and
 //!   its PostgreSQL backend (shared by replicas).
 //! - [`config`]: one configuration format for every command.
-//! - [`model`], [`reason`]: the vocabulary of requests, operations and outcomes.
+//! - [`model`], [`reason`], [`explain`]: the vocabulary of requests, operations and
+//!   outcomes, and what a refusal says to people.
 //! - [`scenario`]: the conformance runner for scenario files, and the verifier swaps use.
 //! - [`simulate`]: discrete-event simulation of load, provider and callers over the real engine.
 //!
@@ -22,6 +23,7 @@
 pub mod bucket;
 pub mod config;
 pub mod engine;
+pub mod explain;
 pub mod model;
 pub mod reason;
 pub mod runtime;

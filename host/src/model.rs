@@ -307,6 +307,9 @@ pub struct Operation {
     /// from it. Records written before it existed are stamped by the first sweep.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state_since_ms: Option<i64>,
+    /// What the provider reported as used by the attempt that ended, by class.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
 }
 
 fn is_zero(n: &u64) -> bool {

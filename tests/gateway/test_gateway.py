@@ -51,7 +51,8 @@ class Gateway(unittest.TestCase):
             "models": {MODEL: {"price_microusd_per_token": {"input": 1, "output": 1}},
                        "no-tokenizer": {}},
             # A request that can never fit its token bucket is cut to 50 output tokens.
-            "policy_params": {"degrade_on_token_shortage": True, "degraded_max_output_tokens": 50},
+            "policy_params": {"degrade_on_token_shortage": True, "degraded_max_output_tokens": 50,
+                              "exec_ms_per_output_token": 1},
             "gateway": {
                 "upstreams": {"local": {"base_url": f"http://127.0.0.1:{stub_port}/v1",
                                         "api_key_env": "STUB_UPSTREAM_KEY"}},
@@ -210,6 +211,32 @@ class Gateway(unittest.TestCase):
         self.assertEqual(headers["x-ratelimit-remaining-tokens"], str(left))
         self.assertEqual(headers["x-should-retry"], "false", "the bucket does not refill")
         self.assertEqual(self.stub_calls("tight two"), [], "refused before the upstream")
+        # The refusal explains itself: the budget, what was asked and what was there.
+        body = caught.exception.body
+        self.assertEqual(body["limit"], "tenant.tight.tokens")
+        self.assertEqual(body["available"], left)
+        self.assertGreater(body["requested"], left)
+        self.assertEqual(body["message"],
+                         f"token_budget: needs {body['requested']} tokens, {left} available in "
+                         "tenant.tight.tokens; the budget does not refill, waiting cannot cure it")
+        self.assertIn(f"{left} available in tenant.tight.tokens", str(caught.exception))
+
+    def test_an_unmeetable_deadline_is_a_client_error_with_its_numbers(self):
+        # 5,000 output tokens at 1 ms each cannot finish in a 2 s timeout: the request as sent
+        # cannot be served, so it is a 400 the SDK does not retry, never a server error.
+        with self.assertRaises(openai.BadRequestError) as caught:
+            self.client().chat.completions.create(
+                model=MODEL, max_tokens=5000, messages=[{"role": "user", "content": "too long"}],
+                extra_headers={"x-tollgate-timeout-ms": "2000"})
+        e = caught.exception
+        self.assertEqual(e.code, "deadline_exceeded")
+        self.assertEqual(e.response.headers["x-tollgate-reason"], "deadline_exceeded")
+        self.assertEqual(e.response.headers["x-should-retry"], "false")
+        self.assertEqual((e.body["limit"], e.body["requested"]), ("deadline", 5000))
+        self.assertLessEqual(e.body["available"], 2000)
+        self.assertRegex(e.body["message"],
+                         r"^deadline_exceeded: estimated 5\.0 s for 5,000 output tokens, deadline in [12]\.\d s$")
+        self.assertEqual(self.stub_calls("too long"), [])
 
     def test_a_degraded_plan_rewrites_the_limit_sent_upstream(self):
         raw = self.client("shrink").chat.completions.with_raw_response.create(

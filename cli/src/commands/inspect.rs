@@ -58,14 +58,20 @@ pub fn queue(args: &EngineArgs) -> Result<ExitCode, String> {
 pub fn ops(args: &EngineArgs) -> Result<ExitCode, String> {
     let engine = open_engine(args)?;
     let inspection = engine.inspect(wall_clock_ms()).map_err(|e| e.to_string())?;
-    println!("tenant\tkey\tstate\tattempt\tpolicy");
+    println!("tenant\tkey\tstate\tattempt\treserved\tused_in\tused_out\tpolicy");
     for op in inspection.operations {
+        let (used_in, used_out) = op.usage.map_or(("-".into(), "-".into()), |u| {
+            (u.input_tokens.to_string(), u.output_tokens.to_string())
+        });
         println!(
-            "{}\t{}\t{}\t{}\t{}",
+            "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
             op.tenant,
             op.key,
             op.state.as_str(),
             op.attempt,
+            op.reserved_tokens,
+            used_in,
+            used_out,
             op.policy
         );
     }

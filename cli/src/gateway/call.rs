@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 use std::time::Instant;
 use tollgate::engine::{Answer, Decision, Job, TenantLevels};
 use tollgate::model::CallResult;
-use tollgate::reason::Outcome;
+use tollgate::reason::{Outcome, Reason};
 
 /// Runs the call to its end and answers the caller.
 pub async fn run(s: Shared, call: ChatCall) -> Response {
@@ -225,31 +225,49 @@ async fn lost(
     response
 }
 
-/// tollgate's own refusal in OpenAI's shape.
+/// tollgate's own refusal in OpenAI's shape, with the engine's sentence as its message and
+/// the shortfall's numbers beside it. A deadline the call cannot meet is a client error
+/// (400): the request as sent cannot be served, and the SDKs would retry a 5xx.
 fn refusal(d: &Decision, levels: Option<&TenantLevels>) -> Response {
     let (code, message) = match d.outcome {
         Outcome::DuplicateActive => (
             "duplicate_active",
-            "a call with this Idempotency-Key is in progress",
+            "duplicate_active: a call with this Idempotency-Key is in progress".to_string(),
         ),
         Outcome::DuplicateCompleted => (
             "duplicate_completed",
-            "a call with this Idempotency-Key has ended; its answer is not stored for replay",
+            "duplicate_completed: a call with this Idempotency-Key has ended; its answer is not stored for replay".to_string(),
         ),
         Outcome::Conflict => (
             "conflict",
-            "this Idempotency-Key was used for another request",
+            "conflict: this Idempotency-Key was used for another request".to_string(),
         ),
         _ => (
             d.reason.map_or("rejected", |r| r.as_str()),
-            "refused by tollgate",
+            d.message
+                .clone()
+                .unwrap_or_else(|| "refused by tollgate".to_string()),
         ),
     };
-    let status = match d.outcome {
-        Outcome::DuplicateCompleted => 409,
+    let status = match (d.outcome, d.reason) {
+        (Outcome::DuplicateCompleted, _) => 409,
+        (_, Some(Reason::DeadlineExceeded)) => 400,
         _ => d.http,
     };
-    let mut response = openai::error(status, code, message);
+    let mut extra = serde_json::Map::new();
+    if let Some(s) = &d.shortfall {
+        extra.insert("limit".into(), json!(s.limit));
+        extra.insert("requested".into(), json!(s.requested));
+        extra.insert("available".into(), json!(s.available));
+        extra.insert("unit".into(), json!(s.unit));
+    }
+    if let Some(ms) = d.retry_after_ms {
+        extra.insert("retry_after_ms".into(), json!(ms));
+    }
+    if let Some(m) = &d.policy_message {
+        extra.insert("policy_message".into(), json!(m));
+    }
+    let mut response = openai::error_with(status, code, &message, extra);
     let headers = response.headers_mut();
     if let Some(l) = levels {
         openai::rate_limit_headers(headers, l);

@@ -56,6 +56,17 @@ impl axum::response::IntoResponse for ApiError {
 
 /// An error answer: `{"error": {"message", "type", "code"}}`.
 pub fn error(status: u16, code: &str, message: &str) -> Response {
+    error_with(status, code, message, serde_json::Map::new())
+}
+
+/// An error answer with more members in its `error` object (a refusal's `limit`,
+/// `requested`, `available`, `retry_after_ms`): the SDKs keep the whole body.
+pub fn error_with(
+    status: u16,
+    code: &str,
+    message: &str,
+    extra: serde_json::Map<String, serde_json::Value>,
+) -> Response {
     let kind = match status {
         400 | 413 | 422 => "invalid_request_error",
         401 => "authentication_error",
@@ -65,7 +76,11 @@ pub fn error(status: u16, code: &str, message: &str) -> Response {
         429 => "rate_limit_error",
         _ => "api_error",
     };
-    let body = json!({"error": {"message": message, "type": kind, "code": code, "param": null}});
+    let mut inner = json!({"message": message, "type": kind, "code": code, "param": null});
+    if let serde_json::Value::Object(o) = &mut inner {
+        o.extend(extra);
+    }
+    let body = json!({ "error": inner });
     let mut response = Response::new(Body::from(body.to_string()));
     *response.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
     response.headers_mut().insert(

@@ -11,12 +11,14 @@ fn refused(e: DirectoryError) -> Response {
         DirectoryError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
         DirectoryError::Busy(_) => (StatusCode::CONFLICT, "tenant_busy"),
         DirectoryError::LastAdmin => (StatusCode::CONFLICT, "last_admin_key"),
+        DirectoryError::OwnedByConfiguration(_) => (StatusCode::CONFLICT, "owned_by_configuration"),
         DirectoryError::Store(_) => (StatusCode::SERVICE_UNAVAILABLE, "store_unavailable"),
     };
     if matches!(e, DirectoryError::Store(_)) {
         tracing::warn!(error = %e, "directory change failed");
     }
-    let body = json!({"outcome": "rejected", "reason": reason, "error": e.to_string()});
+    let message = format!("{reason}: {e}");
+    let body = json!({"outcome": "rejected", "reason": reason, "error": e.to_string(), "message": message});
     (status, axum::Json(body)).into_response()
 }
 

@@ -32,7 +32,7 @@ pub(super) async fn admit(
     };
     let limit = s.engine.config().max_request_bytes;
     let bytes = read_body(&headers, body, limit).await?;
-    let mut obj = validate::object(&bytes).map_err(|r| refuse(r.http(), r.as_str()))?;
+    let mut obj = validate::object(&bytes).map_err(refuse_for)?;
     match obj.get("tenant") {
         None => {
             obj.insert("tenant".into(), json!(tenant));
@@ -47,7 +47,7 @@ pub(super) async fn admit(
                 .decisions
                 .with_label_values(&["rejected", reason.as_str()])
                 .inc();
-            return Err(refuse(reason.http(), reason.as_str()));
+            return Err(refuse_for(reason));
         }
     };
     let Answer::Decision(d) = submit(
@@ -226,8 +226,19 @@ pub(super) async fn operation(
         return Err(refuse(500, "internal"));
     };
     let op = op.ok_or_else(|| refuse(404, "unknown_operation"))?;
-    Ok(
-        axum::Json(json!({"state": op.state, "attempt": op.attempt, "result_ref": op.result_ref}))
-            .into_response(),
-    )
+    let mut body = json!({
+        "state": op.state,
+        "attempt": op.attempt,
+        "result_ref": op.result_ref,
+        "reserved_tokens": op.reserved_tokens,
+        "max_output_tokens": op.max_output_tokens,
+        "degraded": op.degraded,
+    });
+    if op.reserved_cost_microusd > 0 {
+        body["reserved_cost_microusd"] = json!(op.reserved_cost_microusd);
+    }
+    if let Some(u) = op.usage {
+        body["usage"] = json!(u);
+    }
+    Ok(axum::Json(body).into_response())
 }

@@ -1,13 +1,15 @@
-//! The service's error answers, `{"outcome": "rejected", "reason": word}`, and
-//! `Retry-After` on any answer that carries a retry-after.
+//! The service's error answers, `{"outcome": "rejected", "reason": word, "message": ...}`,
+//! and `Retry-After` on any answer that carries a retry-after.
 
 use super::*;
 
-/// The service's error answers: `{"outcome": "rejected", "reason": word}`.
+/// The service's error answers: `{"outcome": "rejected", "reason": word, "message": text}`.
 pub(crate) struct Refusal {
     pub(crate) status: StatusCode,
     pub(crate) reason: &'static str,
     pub(super) retry_after_ms: Option<u64>,
+    /// The sentence for people; the reason's own when none is given.
+    pub(crate) message: Option<String>,
 }
 
 pub(super) fn refuse(status: u16, reason: &'static str) -> Refusal {
@@ -15,12 +17,56 @@ pub(super) fn refuse(status: u16, reason: &'static str) -> Refusal {
         status: StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST),
         reason,
         retry_after_ms: None,
+        message: None,
+    }
+}
+
+/// A refusal for one of the engine's reasons (validation, say), in the engine's words.
+pub(super) fn refuse_for(reason: Reason) -> Refusal {
+    Refusal {
+        message: Some(tollgate::explain::message(reason, None, None, None)),
+        ..refuse(reason.http(), reason.as_str())
+    }
+}
+
+impl Refusal {
+    /// The sentence this refusal says.
+    pub(crate) fn text(&self) -> String {
+        if let Some(m) = &self.message {
+            return m.clone();
+        }
+        let what = match self.reason {
+            "unauthorized" => "no key, or a key tollgate does not know",
+            "forbidden" => "this key's role may not do this",
+            "not_claimed" => "the attempt is not claimed by this worker",
+            "no_shadow_policy" => "no shadow policy is installed",
+            "not_found" => "nothing is at this path",
+            "unknown_operation" => "no operation has this key",
+            "method_not_allowed" => "this path does not take this method",
+            "timeout" => "the request body did not arrive in time",
+            "too_large" => "the request body is larger than limits.max_request_bytes",
+            "internal" => "an internal error; nothing was spent",
+            "stopping" => "the server is stopping; retry on another replica",
+            "store_unavailable" => "the store is unavailable; nothing was spent",
+            "writer_stopped" => "the server's writer has stopped; nothing was spent",
+            "invalid_request" => "the request is malformed",
+            _ => "refused",
+        };
+        match self.retry_after_ms {
+            Some(ms) => format!(
+                "{}: {what}; retry in {}",
+                self.reason,
+                tollgate::explain::seconds(ms)
+            ),
+            None => format!("{}: {what}", self.reason),
+        }
     }
 }
 
 impl IntoResponse for Refusal {
     fn into_response(self) -> Response {
-        let mut body = json!({"outcome": "rejected", "reason": self.reason});
+        let mut body =
+            json!({"outcome": "rejected", "reason": self.reason, "message": self.text()});
         if let Some(ms) = self.retry_after_ms {
             body["retry_after_ms"] = json!(ms);
         }

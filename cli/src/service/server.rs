@@ -1,7 +1,7 @@
 //! Building the service (store, policy, writer) and serving it until shutdown.
 
 use super::*;
-use tollgate::engine::{Adopted, DirectoryAdopted};
+use tollgate::engine::Adopted;
 
 /// How often the SQLite WAL is copied back into the database file. Often enough that each
 /// checkpoint's `fsync` stays small: a large one stalls the writer's commits that meet it.
@@ -54,28 +54,43 @@ pub fn build_with(
         Adopted::Seeded => {
             tracing::info!(policy = %config.policy, "the store had no policy: it now keeps the configuration's")
         }
-        Adopted::Same => {}
-        Adopted::FromStore { stored, configured } => tracing::warn!(
+        Adopted::Same => {
+            tracing::info!(policy = %config.policy, "the configuration's policy is the store's active policy")
+        }
+        Adopted::FromStore { stored, configured } => tracing::info!(
             active = %stored.name, active_sha256 = %stored.sha256,
             configured = %configured.name, configured_sha256 = %configured.sha256,
-            "the store's policy differs from the configuration's; the store's is active"
+            "the configuration's policy is unchanged since the last start; the policy swapped in at run time stays active"
+        ),
+        Adopted::Installed { replaced } => tracing::info!(
+            policy = %config.policy, replaced_sha256 = %replaced,
+            "the configuration's policy changed since the last start: installed as the active policy (rollback returns to the one it replaced)"
         ),
     }
-    // So is its directory: tenants and keys added at run time are kept and shared.
-    match engine
-        .adopt_directory(&config.keys, &config.worker_renames)
-        .map_err(|e| format!("the store's tenants and keys: {e}"))?
-    {
-        DirectoryAdopted::Seeded => tracing::info!(
-            tenants = engine.config().tenants.len(),
-            keys = config.keys.len(),
-            "the store had no tenants or keys: it now keeps the configuration's"
-        ),
-        DirectoryAdopted::FromStore { tenants_differ } => {
-            if tenants_differ {
-                tracing::warn!("the store's tenants differ from the configuration's; the store's are in force (tollgate tenants list)")
-            }
-        }
+    // The file's tenants and keys are applied at every start; those made through the admin
+    // API are kept beside them.
+    let applied = engine
+        .adopt_directory(
+            &config.keys,
+            &config.worker_renames,
+            Clock::default().now_ms(),
+        )
+        .map_err(|e| format!("applying the configuration's tenants and keys: {e}"))?;
+    tracing::info!(
+        seeded = applied.seeded,
+        tenants_created = ?applied.tenants_created,
+        tenants_updated = ?applied.tenants_updated,
+        tenants_unchanged = applied.tenants_unchanged,
+        tenants_removed = ?applied.tenants_removed,
+        api_tenants = applied.api_tenants,
+        keys_added = applied.keys_added,
+        keys_updated = applied.keys_updated,
+        keys_revoked = applied.keys_revoked,
+        api_keys = applied.api_keys,
+        "configuration applied"
+    );
+    if !applied.tenants_kept_busy.is_empty() {
+        tracing::warn!(tenants = ?applied.tenants_kept_busy, "tenants removed from the configuration still have work in flight: kept until a start finds them idle");
     }
     let (writer, handle) = Writer::start(engine.clone(), metrics.clone(), config.max_connections);
     let state = Arc::new(AppState {

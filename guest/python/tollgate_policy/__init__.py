@@ -44,6 +44,7 @@ from wit_world.imports.types import (
 )
 
 from . import standard
+from .standard import degrade
 
 
 def admit(plan: Plan) -> Admission:

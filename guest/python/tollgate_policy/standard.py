@@ -128,6 +128,27 @@ def slots_reach(fraction: float) -> bool:
     return level is not None and float(level.in_use) >= fraction * float(level.limit)
 
 
+def plan(req) -> Plan:
+    """The plan that admits ``req`` as asked: its output cap and optional context, with the
+    standard execution estimate and busy retry-after. Start here, then :func:`degrade` it."""
+    p = Params()
+    return Plan(
+        req.max_output_tokens,
+        req.optional_context_tokens,
+        p.estimated_exec_ms(req.max_output_tokens),
+        to_u64(p.busy_retry_after_ms),
+    )
+
+
+def degrade(plan: Plan, max_output_tokens: int) -> Plan:
+    """``plan`` reduced to at most ``max_output_tokens`` of output (at least 1) with its
+    optional context dropped, as the standard degradation does, and its execution estimate
+    recomputed for the new cap. A plan is never raised: a cap above the plan's own keeps the
+    plan's. To keep the context, set ``optional_context_tokens`` back on the result."""
+    cap = min(max(int(max_output_tokens), 1), plan.max_output_tokens)
+    return Plan(cap, 0, Params().estimated_exec_ms(cap), plan.busy_retry_after_ms)
+
+
 def reduce(req, p: Params):
     """The degraded form of a request: output capped, optional context dropped."""
     cap = max(to_u64(p.degraded_max_output_tokens), 1)

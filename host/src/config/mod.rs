@@ -168,6 +168,7 @@ pub(crate) struct SchedulerInput {
 pub(crate) struct ConfigInput {
     pub(crate) seed: Option<u64>,
     pub(crate) refund_unused_tokens: Option<bool>,
+    pub(crate) api_may_change_file_entries: Option<bool>,
     pub(crate) global: GlobalConfigInput,
     pub(crate) tenant_defaults: TenantOverlay,
     pub(crate) tenants: BTreeMap<String, TenantOverlay>,
@@ -214,6 +215,9 @@ pub struct Config {
     pub seed: u64,
     /// Whether reported usage refunds unused tokens.
     pub refund_unused_tokens: bool,
+    /// Whether the admin API may change the tenants and keys the file owns (until the
+    /// next start applies the file again); otherwise such a change is refused.
+    pub api_may_change_file_entries: bool,
     /// The global request bucket.
     pub global_requests: BucketConfig,
     /// Calls in flight across all tenants.
@@ -343,6 +347,7 @@ impl Config {
         let config = Config {
             seed: input.seed.unwrap_or(7),
             refund_unused_tokens: input.refund_unused_tokens.unwrap_or(false),
+            api_may_change_file_entries: input.api_may_change_file_entries.unwrap_or(false),
             global_requests: input.global.requests.over(BucketConfig {
                 capacity: 100.0,
                 refill_per_s: 50.0,

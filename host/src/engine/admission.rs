@@ -4,6 +4,7 @@
 
 use super::budgets::{Budgets, Needs, Refusal};
 use super::{downstream_available, Engine};
+use crate::explain::{self, Shortfall, Unit};
 use crate::model::{OpState, Operation, Request, Route};
 use crate::reason::{outcome_http, Outcome, Reason};
 use crate::runtime::{self, Admission, Decider, RefusalReason};
@@ -50,12 +51,25 @@ pub struct Decision {
     /// answer replays an operation it decided.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub policy: Option<String>,
+    /// For a refusal: one sentence saying what was asked, what was available and when to
+    /// retry (with the policy's own words when it gave some).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// For a refusal by a limit: `limit`, `requested`, `available` and `unit`.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub shortfall: Option<Shortfall>,
+    /// What the policy said of its refusal or degradation, bounded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub policy_message: Option<String>,
 }
 
 impl Decision {
     /// A refusal decided before any state was read (validation, say).
     pub fn rejected(reason: Reason, retry_after_ms: Option<u64>) -> Self {
         Decision {
+            message: Some(explain::message(reason, None, None, retry_after_ms)),
+            shortfall: None,
+            policy_message: None,
             outcome: Outcome::Rejected,
             reason: Some(reason),
             http: reason.http(),
@@ -83,11 +97,31 @@ impl Decision {
 
     fn without_reason(mut self) -> Self {
         self.reason = None;
+        self.message = None;
         self
     }
 
     fn refused(r: Refusal) -> Self {
-        Self::rejected(r.reason, r.retry_after_ms)
+        Self::rejected(r.reason, r.retry_after_ms).with_shortfall(r.shortfall)
+    }
+
+    /// The same refusal, explained by the limit that was short.
+    fn with_shortfall(mut self, shortfall: Option<Shortfall>) -> Self {
+        self.shortfall = shortfall;
+        self.explain();
+        self
+    }
+
+    /// Writes the message again from the reason, shortfall, policy message and retry-after.
+    fn explain(&mut self) {
+        if let Some(reason) = self.reason {
+            self.message = Some(explain::message(
+                reason,
+                self.shortfall.as_ref(),
+                self.policy_message.as_deref(),
+                self.retry_after_ms,
+            ));
+        }
     }
 
     /// An answer that describes an existing operation.
@@ -105,6 +139,9 @@ impl Decision {
             state: Some(op.state),
             result_ref: op.result_ref.clone(),
             policy: Some(op.policy_digest.clone()),
+            message: None,
+            shortfall: None,
+            policy_message: None,
         }
     }
 
@@ -158,9 +195,20 @@ pub(super) struct Planned {
     reservation: super::budgets::Reservation,
 }
 
+impl Planned {
+    /// What the plan asks of the call, as shadow mode compares it.
+    pub(super) fn shape(&self) -> super::shadow::PlanShape {
+        super::shadow::PlanShape {
+            max_output_tokens: self.max_output,
+            optional_context_tokens: self.optional_context,
+            degraded: self.degraded,
+        }
+    }
+}
+
 /// What step 2 found: a final answer, or the attempt a fresh admission would start.
 enum Existing {
-    Answer(Decision),
+    Answer(Box<Decision>),
     Fresh {
         attempt: u32,
         prior: Option<Box<Operation>>,
@@ -192,7 +240,7 @@ impl<S: Store> Engine<S> {
     ) -> Result<Decision, StoreError> {
         let fp = fingerprint(req);
         let (attempt, prior) = match existing(tx, req, &fp, now_ms)? {
-            Existing::Answer(d) => return Ok(d),
+            Existing::Answer(d) => return Ok(*d),
             Existing::Fresh { attempt, prior } => (attempt, prior),
         };
         // The deadline stored with the operation wins for its whole life.
@@ -235,7 +283,7 @@ impl<S: Store> Engine<S> {
         let planned = match self.judge(tx, policy, req, &guest_req, view, now_ms)? {
             Ok(p) => p,
             Err(refused) => {
-                self.shadow_decision(tx, req, &guest_req, shadow_view, &refused, now_ms);
+                self.shadow_decision(tx, req, &guest_req, shadow_view, &refused, None, now_ms);
                 return Ok(refused);
             }
         };
@@ -244,7 +292,8 @@ impl<S: Store> Engine<S> {
             Route::Durable => Outcome::Queued,
         };
         let live = Decision::plain(accepted);
-        self.shadow_decision(tx, req, &guest_req, shadow_view, &live, now_ms);
+        let live_plan = Some(planned.shape());
+        self.shadow_decision(tx, req, &guest_req, shadow_view, &live, live_plan, now_ms);
         let Planned {
             max_output,
             optional_context,
@@ -292,6 +341,7 @@ impl<S: Store> Engine<S> {
                 0
             },
             state_since_ms: Some(now_ms),
+            usage: None,
         };
         if req.route == Route::Durable {
             tx.enqueue(&QueuedJob {
@@ -368,10 +418,17 @@ impl<S: Store> Engine<S> {
             max_output < req.max_output_tokens || optional_context < req.optional_context_tokens;
 
         if i128::from(now_ms) + i128::from(plan.estimated_exec_ms) >= i128::from(deadline_ms) {
-            return Ok(Err(with_policy(Decision::rejected(
-                Reason::DeadlineExceeded,
-                None,
-            ))));
+            let deadline = Shortfall {
+                limit: "deadline".into(),
+                requested: plan.estimated_exec_ms,
+                available: deadline_ms.saturating_sub(now_ms).max(0) as u64,
+                unit: Unit::Ms,
+                capacity: None,
+                output_tokens: Some(max_output),
+            };
+            return Ok(Err(with_policy(
+                Decision::rejected(Reason::DeadlineExceeded, None).with_shortfall(Some(deadline)),
+            )));
         }
         let reserved = req.input_tokens + optional_context + max_output;
         let config = self.config();
@@ -380,8 +437,11 @@ impl<S: Store> Engine<S> {
             return Ok(Err(Decision::rejected(Reason::UnknownTenant, None)));
         };
         let budgets = Budgets::for_request(&config, &req.tenant, tenant, req.model.as_deref());
-        if budgets.token_buckets().any(|b| b.never_fits(reserved)) {
-            return Ok(Err(with_policy(Decision::rejected(Reason::TooLarge, None))));
+        if let Some(b) = budgets.token_buckets().find(|b| b.never_fits(reserved)) {
+            let never = b.never_fits_shortfall(reserved);
+            return Ok(Err(with_policy(
+                Decision::rejected(Reason::TooLarge, None).with_shortfall(Some(never)),
+            )));
         }
         let cost = budgets.cost(req.input_tokens + optional_context, max_output);
 
@@ -406,10 +466,22 @@ impl<S: Store> Engine<S> {
             Err(r) => return Ok(Err(with_policy(Decision::refused(r)))),
         };
         // Durable: the queue bound comes after the request buckets (docs/contract.md section 4, step 7).
-        if req.route == Route::Durable && tx.queue_depth(&req.tenant)? >= tenant.queue_limit {
+        let depth = match req.route {
+            Route::Durable => tx.queue_depth(&req.tenant)?,
+            Route::Interactive => 0,
+        };
+        if req.route == Route::Durable && depth >= tenant.queue_limit {
             let full = Refusal {
                 reason: Reason::QueueFull,
                 retry_after_ms: plan.busy_retry_after_ms,
+                shortfall: Some(Shortfall {
+                    limit: format!("queue.{}", req.tenant),
+                    requested: 1,
+                    available: u64::from(tenant.queue_limit.saturating_sub(depth)),
+                    unit: Unit::Jobs,
+                    capacity: None,
+                    output_tokens: None,
+                }),
             };
             return Ok(Err(with_policy(Decision::refused(full))));
         }
@@ -447,11 +519,11 @@ fn existing(tx: &mut dyn Tx, req: &Request, fp: &str, now_ms: i64) -> Result<Exi
         });
     };
     if op.fingerprint != fp {
-        return Ok(Existing::Answer(
+        return Ok(Existing::Answer(Box::new(
             Decision::about(Outcome::Conflict, &op).without_details(),
-        ));
+        )));
     }
-    Ok(Existing::Answer(match op.state {
+    Ok(Existing::Answer(Box::new(match op.state {
         OpState::Queued | OpState::Active => Decision::about(Outcome::DuplicateActive, &op),
         OpState::Unknown => Decision::rejected(Reason::UnknownOutcomePending, None),
         OpState::Succeeded | OpState::FailedFinal | OpState::Expired => {
@@ -468,7 +540,7 @@ fn existing(tx: &mut dyn Tx, req: &Request, fp: &str, now_ms: i64) -> Result<Exi
                 });
             }
         }
-    }))
+    })))
 }
 
 impl Decision {

@@ -2,6 +2,7 @@
 
 use crate::bucket::{self, Limits, Shortage};
 use crate::config::{Config, Price, TenantConfig};
+use crate::explain::{Shortfall, Unit};
 use crate::model::names;
 use crate::reason::Reason;
 use crate::runtime::{BucketLevel, SlotLevel};
@@ -36,6 +37,19 @@ impl BucketRef {
         i128::from(credits) * i128::from(bucket::MICRO) > i128::from(self.limits.capacity_micro)
     }
 
+    /// What a refusal says of `tokens` that can never fit this bucket.
+    pub fn never_fits_shortfall(&self, tokens: u64) -> Shortfall {
+        let capacity = (self.limits.capacity_micro / bucket::MICRO).max(0) as u64;
+        Shortfall {
+            limit: self.name.clone(),
+            requested: tokens,
+            available: capacity,
+            unit: Unit::Tokens,
+            capacity: Some(capacity),
+            output_tokens: None,
+        }
+    }
+
     /// Returns unused credits, never above capacity.
     pub fn refund(&self, tx: &mut dyn Tx, credits: u64, now_ms: i64) -> Result<(), StoreError> {
         let s = self.level(tx, now_ms)?.refund(self.limits, credits);
@@ -50,6 +64,18 @@ pub(crate) struct SlotRef {
 }
 
 impl SlotRef {
+    /// What a refusal of this scope says, with `in_use` slots taken.
+    fn shortfall(&self, in_use: u32) -> Shortfall {
+        Shortfall {
+            limit: self.scope.clone(),
+            requested: 1,
+            available: u64::from(self.limit.saturating_sub(in_use)),
+            unit: Unit::Slots,
+            capacity: None,
+            output_tokens: None,
+        }
+    }
+
     pub fn level(&self, tx: &mut dyn Tx) -> Result<SlotLevel, StoreError> {
         Ok(SlotLevel {
             in_use: tx.slots_in_use(&self.scope)?,
@@ -65,11 +91,13 @@ pub(crate) fn release_slot(tx: &mut dyn Tx, scope: &str) -> Result<(), StoreErro
     tx.set_slots_in_use(scope, n.saturating_sub(1))
 }
 
-/// A refusal: a bounded reason and, when waiting can cure it, how long to wait.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// A refusal: a bounded reason, the limit that was short and, when waiting can cure it,
+/// how long to wait.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Refusal {
     pub reason: Reason,
     pub retry_after_ms: Option<u64>,
+    pub shortfall: Option<Shortfall>,
 }
 
 /// What one reservation needs.
@@ -278,34 +306,46 @@ impl Budgets {
     ) -> Result<Result<Reservation, Refusal>, StoreError> {
         let mut spends: Vec<(String, bucket::State)> = Vec::new();
         let mut short: Vec<Reason> = Vec::new();
+        let mut first_shortfall: Option<Shortfall> = None;
         let mut bucket_short = false;
         let mut curable = true;
         let mut wait_ms = 0u64;
 
         // In the contract's order of reasons.
-        let mut buckets: Vec<(&BucketRef, u64, Reason)> = Vec::new();
+        let mut buckets: Vec<(&BucketRef, u64, Reason, Unit)> = Vec::new();
         if needs.requests {
-            buckets.push((&self.tenant_requests, 1, Reason::TenantRate));
-            buckets.push((&self.global_requests, 1, Reason::GlobalRate));
+            let unit = Unit::Requests;
+            buckets.push((&self.tenant_requests, 1, Reason::TenantRate, unit));
+            buckets.push((&self.global_requests, 1, Reason::GlobalRate, unit));
             if let Some(b) = &self.model_requests {
-                buckets.push((b, 1, Reason::ModelRate));
+                buckets.push((b, 1, Reason::ModelRate, unit));
             }
         }
         if needs.tokens > 0 {
-            buckets.push((&self.tenant_tokens, needs.tokens, Reason::TokenBudget));
+            let unit = Unit::Tokens;
+            buckets.push((&self.tenant_tokens, needs.tokens, Reason::TokenBudget, unit));
             for b in self.model_tokens.iter().chain(&self.tenant_model_tokens) {
-                buckets.push((b, needs.tokens, Reason::ModelTokenBudget));
+                buckets.push((b, needs.tokens, Reason::ModelTokenBudget, unit));
             }
         }
         if let (Some(b), true) = (&self.tenant_cost, needs.cost_microusd > 0) {
-            buckets.push((b, needs.cost_microusd, Reason::CostBudget));
+            let unit = Unit::Microusd;
+            buckets.push((b, needs.cost_microusd, Reason::CostBudget, unit));
         }
-        for (b, credits, reason) in buckets {
+        for (b, credits, reason, unit) in buckets {
             let level = b.level(tx, now_ms)?;
             match level.spend(b.limits, credits) {
                 Ok(next) => spends.push((b.name.clone(), next)),
                 Err(shortage) => {
                     short.push(reason);
+                    first_shortfall.get_or_insert_with(|| Shortfall {
+                        limit: b.name.clone(),
+                        requested: credits,
+                        available: level.whole_credits().max(0) as u64,
+                        unit,
+                        capacity: None,
+                        output_tokens: None,
+                    });
                     bucket_short = true;
                     match shortage {
                         Shortage::RetryAfterMs(ms) => wait_ms = wait_ms.max(ms),
@@ -321,12 +361,14 @@ impl Budgets {
                 let n = tx.slots_in_use(&s.scope)?;
                 if n >= s.limit {
                     short.push(Reason::TenantConcurrency);
+                    first_shortfall.get_or_insert_with(|| s.shortfall(n));
                 }
                 tenant_in_use = Some(n);
             }
             let n = tx.slots_in_use(&self.global_slots.scope)?;
             if n >= self.global_slots.limit {
                 short.push(Reason::GlobalConcurrency);
+                first_shortfall.get_or_insert_with(|| self.global_slots.shortfall(n));
             }
             global_in_use = Some(n);
         }
@@ -340,6 +382,7 @@ impl Budgets {
             return Ok(Err(Refusal {
                 reason,
                 retry_after_ms,
+                shortfall: first_shortfall,
             }));
         }
         Ok(Ok(Reservation {

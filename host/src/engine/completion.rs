@@ -326,6 +326,9 @@ impl<S: Store> Engine<S> {
         usage: Option<Usage>,
         now_ms: i64,
     ) -> Result<(), StoreError> {
+        if usage.is_some() {
+            op.usage = usage;
+        }
         if op.holds_slot {
             release_slot(tx, names::GLOBAL_SLOTS)?;
             op.holds_slot = false;

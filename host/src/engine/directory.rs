@@ -4,7 +4,8 @@
 //! only as their SHA-256, with a public id to list and revoke them by. A change through any
 //! replica is written in one transaction that bumps a generation; each writer reads the
 //! generation now and then ([`Engine::sync_directory`]) and rebuilds what changed. The
-//! configuration file's tenants and keys seed an empty store, once.
+//! configuration file's tenants and keys are applied at every start and marked as the
+//! file's ([`Engine::adopt_directory`]); entries made through the admin API live beside them.
 
 use super::budgets::Budgets;
 use super::Engine;
@@ -17,6 +18,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 const SEEDED: &str = "directory.seeded";
+const FILE_OWNED: &str = "directory.file_owned";
 const GENERATION: &str = "directory.generation";
 
 /// The keys this engine knows, by SHA-256 of the key.
@@ -80,6 +82,10 @@ pub enum DirectoryError {
     /// Revoking the key would leave no admin key: nobody could change anything again.
     #[error("the last admin key cannot be revoked")]
     LastAdmin,
+    /// The entry is the configuration file's: change it there (or allow API changes with
+    /// `api_may_change_file_entries`).
+    #[error("{0} is owned by the configuration file; change it there (or set api_may_change_file_entries)")]
+    OwnedByConfiguration(String),
     /// The store failed: nothing changed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -198,54 +204,212 @@ fn carry_balances(
     Ok(())
 }
 
-/// What [`Engine::adopt_directory`] found.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum DirectoryAdopted {
-    /// The store was empty: the configuration's tenants and keys are now the store's.
-    Seeded,
-    /// The store's directory is in force; whether the configuration's tenants differ from it.
-    FromStore {
-        /// The configuration file's tenants are not the store's.
-        tenants_differ: bool,
-    },
+/// What [`Engine::adopt_directory`] applied from the configuration file.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct DirectoryApplied {
+    /// Whether the store had no directory before (its first start).
+    pub seeded: bool,
+    /// The file's tenants the store did not have.
+    pub tenants_created: Vec<String>,
+    /// The file's tenants whose settings the store had otherwise.
+    pub tenants_updated: Vec<String>,
+    /// The file's tenants the store already had as written.
+    pub tenants_unchanged: usize,
+    /// Tenants the file named at an earlier start and no longer does, removed.
+    pub tenants_removed: Vec<String>,
+    /// Tenants the file no longer names but that still have work in flight: kept until a
+    /// later start finds them idle.
+    pub tenants_kept_busy: Vec<String>,
+    /// Tenants made through the admin API, kept beside the file's.
+    pub api_tenants: usize,
+    /// The file's keys the store did not have.
+    pub keys_added: usize,
+    /// The file's keys whose role changed.
+    pub keys_updated: usize,
+    /// Keys the file named at an earlier start and no longer does, revoked.
+    pub keys_revoked: usize,
+    /// Keys made through the admin API, kept beside the file's.
+    pub api_keys: usize,
+}
+
+impl DirectoryApplied {
+    /// Whether the start changed anything in the store's directory.
+    pub fn changed(&self) -> bool {
+        self.seeded
+            || !self.tenants_created.is_empty()
+            || !self.tenants_updated.is_empty()
+            || !self.tenants_removed.is_empty()
+            || self.keys_added + self.keys_updated + self.keys_revoked > 0
+    }
+}
+
+/// What the configuration file owns in the store's directory (kept in `meta`): its tenants
+/// by name and its keys by SHA-256.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub(super) struct FileOwned {
+    tenants: std::collections::BTreeSet<String>,
+    keys: std::collections::BTreeSet<String>,
+}
+
+fn file_owned(tx: &mut dyn Tx) -> Result<FileOwned, StoreError> {
+    Ok(tx
+        .meta(FILE_OWNED)?
+        .and_then(|text| serde_json::from_str(&text).ok())
+        .unwrap_or_default())
 }
 
 impl<S: Store> Engine<S> {
-    /// Seeds an empty store's directory with the configuration's tenants and `keys`, or takes
-    /// up the store's. Called once at start-up, before serving.
+    /// Applies the configuration file's directory to the store, at every start before
+    /// serving: the file's tenants (as written in the engine's configuration) and `keys` are
+    /// created or updated to match it and marked as the file's; entries the file named at an
+    /// earlier start and no longer names are removed (a tenant only once it has no work in
+    /// flight); entries made through the admin API are kept. All of it in one transaction,
+    /// checked as a whole; then the store's directory is taken up here.
     pub fn adopt_directory(
         &self,
         keys: &HashMap<String, Role>,
         worker_renames: &[(String, String)],
-    ) -> Result<DirectoryAdopted, DirectoryError> {
-        let configured = self.config().written_tenants();
-        let seeded = self.transaction(|tx| {
-            if tx.meta(SEEDED)?.is_some() {
-                return Ok(false);
-            }
+        now_ms: i64,
+    ) -> Result<DirectoryApplied, DirectoryError> {
+        let config = self.config();
+        let configured = config.written_tenants();
+        let mut applied = DirectoryApplied::default();
+        let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
+        store.transaction(|tx| -> Result<(), DirectoryError> {
+            let mut report = DirectoryApplied {
+                seeded: tx.meta(SEEDED)?.is_none(),
+                ..DirectoryApplied::default()
+            };
+            let owned_before = file_owned(tx)?;
+            let before = read(tx)?.tenants;
+            let mut after = before.clone();
+            let mut owned = FileOwned::default();
             for (name, written) in &configured {
-                tx.put_written_tenant(name, &written.to_string())?;
+                match before.get(name) {
+                    None => report.tenants_created.push(name.clone()),
+                    Some(w) if w != written => report.tenants_updated.push(name.clone()),
+                    Some(_) => report.tenants_unchanged += 1,
+                }
+                after.insert(name.clone(), written.clone());
+                owned.tenants.insert(name.clone());
             }
+            let dropped: Vec<String> = owned_before
+                .tenants
+                .difference(&owned.tenants)
+                .cloned()
+                .collect();
+            for name in &dropped {
+                if !after.contains_key(name) {
+                    continue;
+                }
+                if tx.tenant_has_work(name)? {
+                    report.tenants_kept_busy.push(name.clone());
+                    owned.tenants.insert(name.clone());
+                } else {
+                    after.remove(name);
+                    report.tenants_removed.push(name.clone());
+                }
+            }
+            report.api_tenants = after.keys().filter(|n| !owned.tenants.contains(*n)).count();
+            // The whole directory is checked as a configuration before anything is written.
+            let next = config.with_written_tenants(&after)?;
+            // Balances are carried from the store's limits (when they still read) to the file's.
+            let was = config.with_written_tenants(&before).ok();
+            for (name, written) in &after {
+                if before.get(name) != Some(written) {
+                    tx.put_written_tenant(name, &written.to_string())?;
+                    let old = was.as_ref().and_then(|c| c.tenant(name));
+                    if let (Some(old), Some(new)) = (old, next.tenant(name)) {
+                        carry_balances(tx, name, old, new, now_ms)?;
+                    }
+                }
+            }
+            for name in &report.tenants_removed {
+                tx.delete_written_tenant(name)?;
+            }
+
+            let stored = tx.api_keys()?;
             for (key, role) in keys {
-                tx.put_api_key(&new_key_record(key, role)?)?;
+                let record = new_key_record(key, role)?;
+                owned.keys.insert(record.sha256.clone());
+                match stored.iter().find(|k| k.sha256 == record.sha256) {
+                    None => {
+                        tx.put_api_key(&record)?;
+                        report.keys_added += 1;
+                    }
+                    Some(k) if k.role != record.role || k.subject != record.subject => {
+                        tx.delete_api_key(&k.id)?;
+                        tx.put_api_key(&StoredKey {
+                            id: k.id.clone(),
+                            ..record
+                        })?;
+                        report.keys_updated += 1;
+                    }
+                    Some(_) => {}
+                }
             }
-            // Claims an earlier release recorded under a bare key take the worker's name.
-            for (key, name) in worker_renames {
-                tx.rename_worker(key, name)?;
+            for k in &stored {
+                let dropped =
+                    owned_before.keys.contains(&k.sha256) && !owned.keys.contains(&k.sha256);
+                // A removed tenant's caller keys go with it, whoever made them.
+                let orphan = k.role == "caller" && report.tenants_removed.contains(&k.subject);
+                if dropped || orphan {
+                    tx.delete_api_key(&k.id)?;
+                    report.keys_revoked += 1;
+                }
             }
-            tx.set_meta(SEEDED, "1")?;
-            bump(tx)?;
-            Ok(true)
+            report.api_keys = tx
+                .api_keys()?
+                .iter()
+                .filter(|k| !owned.keys.contains(&k.sha256))
+                .count();
+            if !tx.api_keys()?.iter().any(|k| k.role == "admin") && !stored.is_empty() {
+                return Err(DirectoryError::LastAdmin);
+            }
+            if report.seeded {
+                // Claims an earlier release recorded under a bare key take the worker's name.
+                for (key, name) in worker_renames {
+                    tx.rename_worker(key, name)?;
+                }
+                tx.set_meta(SEEDED, "1")?;
+            }
+            if owned != owned_before {
+                let text = serde_json::to_string(&owned)
+                    .map_err(|e| StoreError::Schema(format!("file-owned entries: {e}")))?;
+                tx.set_meta(FILE_OWNED, &text)?;
+            }
+            if report.changed() {
+                bump(tx)?;
+            }
+            applied = report;
+            Ok(())
         })?;
+        drop(store);
         self.directory_generation.store(-1, Ordering::SeqCst);
         self.sync_directory()?;
-        Ok(if seeded {
-            DirectoryAdopted::Seeded
-        } else {
-            DirectoryAdopted::FromStore {
-                tenants_differ: self.config().written_tenants() != configured,
-            }
-        })
+        Ok(applied)
+    }
+
+    /// Refuses a change through the admin API to an entry the configuration file owns,
+    /// unless `api_may_change_file_entries` allows it (then the next start applies the
+    /// file again).
+    fn check_not_file_owned(
+        &self,
+        tx: &mut dyn Tx,
+        tenant: Option<&str>,
+        key_sha256: Option<&str>,
+    ) -> Result<(), DirectoryError> {
+        if self.config().api_may_change_file_entries {
+            return Ok(());
+        }
+        let owned = file_owned(tx)?;
+        if let Some(t) = tenant.filter(|t| owned.tenants.contains(*t)) {
+            return Err(DirectoryError::OwnedByConfiguration(format!("tenant {t}")));
+        }
+        if key_sha256.is_some_and(|k| owned.keys.contains(k)) {
+            return Err(DirectoryError::OwnedByConfiguration("this key".into()));
+        }
+        Ok(())
     }
 
     /// Takes up a directory change another replica made: when the store's generation moved,
@@ -301,7 +465,8 @@ impl<S: Store> Engine<S> {
         written: &serde_json::Value,
         now_ms: i64,
     ) -> Result<(), DirectoryError> {
-        let change = |tenants: &mut BTreeMap<String, serde_json::Value>, _: &mut dyn Tx| {
+        let change = |tenants: &mut BTreeMap<String, serde_json::Value>, tx: &mut dyn Tx| {
+            self.check_not_file_owned(tx, Some(name), None)?;
             tenants.insert(name.to_string(), written.clone());
             Ok(())
         };
@@ -316,6 +481,7 @@ impl<S: Store> Engine<S> {
             if tenants.remove(name).is_none() {
                 return Err(DirectoryError::NotFound(format!("tenant {name}")));
             }
+            self.check_not_file_owned(tx, Some(name), None)?;
             if tx.tenant_has_work(name)? {
                 return Err(DirectoryError::Busy(name.to_string()));
             }
@@ -402,6 +568,7 @@ impl<S: Store> Engine<S> {
             let Some(key) = keys.iter().find(|k| k.id == id) else {
                 return Err(DirectoryError::NotFound(format!("key {id}")));
             };
+            self.check_not_file_owned(tx, None, Some(&key.sha256))?;
             if key.role == "admin" && keys.iter().filter(|k| k.role == "admin").count() == 1 {
                 return Err(DirectoryError::LastAdmin);
             }

@@ -19,10 +19,10 @@ mod swap;
 pub use admission::Decision;
 pub use batch::{Answer, Job};
 pub use completion::{Completion, CompletionAnswer, Reconciliation};
-pub use directory::{DirectoryAdopted, DirectoryError, KeyInfo};
+pub use directory::{DirectoryApplied, DirectoryError, KeyInfo};
 pub use dispatch::{Claim, DispatchAnswer, DispatchReason};
 pub use housekeeping::{OperationsPage, Page, Sweep, MOST_PER_PAGE};
-pub use shadow::{Disagreement, OutcomePair, ShadowReport, RECENT_DISAGREEMENTS};
+pub use shadow::{Disagreement, OutcomePair, PlanShape, ShadowReport, RECENT_DISAGREEMENTS};
 pub use stored_policy::Adopted;
 pub use swap::{NoVerifier, PolicyIdentity, SwapError, Verifier};
 
@@ -121,12 +121,20 @@ pub struct OperationView {
     pub attempt: u32,
     /// Tokens the current attempt reserved.
     pub reserved_tokens: u64,
+    /// The output cap the call must use (reduced when degraded).
+    pub max_output_tokens: u64,
+    /// Micro-dollars the current attempt reserved from the tenant's money budget.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub reserved_cost_microusd: u64,
     /// Whether the policy reduced the request.
     pub degraded: bool,
     /// The caller's reference to the saved answer, once succeeded.
     pub result_ref: Option<String>,
     /// The content hash of the policy that made the latest decision on it.
     pub policy: String,
+    /// What the provider reported as used, by class, once the attempt ended with usage.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<crate::model::Usage>,
 }
 
 impl OperationView {
@@ -137,11 +145,18 @@ impl OperationView {
             state: op.state,
             attempt: op.attempt,
             reserved_tokens: op.reserved_tokens,
+            max_output_tokens: op.max_output_tokens,
+            reserved_cost_microusd: op.reserved_cost_microusd,
             degraded: op.degraded,
             result_ref: op.result_ref.clone(),
             policy: op.policy_digest.clone(),
+            usage: op.usage,
         }
     }
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 const DOWNSTREAM: &str = "downstream_available";

@@ -56,10 +56,29 @@ pub struct Disagreement {
     /// The labels.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
-    /// What the active policy answered (`accepted`, `queued`, `rejected:<reason>`).
+    /// What the active policy answered (`accepted`, `accepted:degraded`, `queued`,
+    /// `rejected:<reason>`).
     pub active: String,
     /// What the shadow would have answered.
     pub shadow: String,
+    /// The active policy's plan, when it admitted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub active_plan: Option<PlanShape>,
+    /// The shadow's plan, when it would have admitted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shadow_plan: Option<PlanShape>,
+}
+
+/// What an admitted plan asks of the call: two plans that differ here disagree, even when
+/// both admit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct PlanShape {
+    /// The output cap the call must use.
+    pub max_output_tokens: u64,
+    /// The optional context it may send.
+    pub optional_context_tokens: u64,
+    /// Whether that reduces the request.
+    pub degraded: bool,
 }
 
 /// Counts of one pair of answers.
@@ -92,11 +111,13 @@ pub struct ShadowReport {
     pub recent_disagreements: Vec<Disagreement>,
 }
 
-/// An answer's label: its outcome, and the reason of a refusal.
-fn label(d: &Decision) -> String {
-    match d.reason {
-        Some(r) => format!("rejected:{}", r.as_str()),
-        None => d.outcome.as_str().to_string(),
+/// An answer's label: its outcome, the reason of a refusal, and whether an admission
+/// reduced the request.
+fn label(d: &Decision, plan: Option<&PlanShape>) -> String {
+    match (d.reason, plan) {
+        (Some(r), _) => format!("rejected:{}", r.as_str()),
+        (None, Some(p)) if p.degraded => format!("{}:degraded", d.outcome.as_str()),
+        (None, _) => d.outcome.as_str().to_string(),
     }
 }
 
@@ -213,9 +234,11 @@ impl<S: Store> Engine<S> {
             .is_some()
     }
 
-    /// Asks the shadow about a fresh admission the active policy answered with `live`, on
-    /// the same snapshot, and counts the pair. Nothing is written; nothing can fail the
-    /// live decision (a store error here is dropped with the shadow's verdict).
+    /// Asks the shadow about a fresh admission the active policy answered with `live`
+    /// (and, when it admitted, `live_plan`), on the same snapshot, and counts the pair: a
+    /// different outcome or a different plan is a disagreement. Nothing is written; nothing
+    /// can fail the live decision (a store error here is dropped with the shadow's verdict).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn shadow_decision(
         &self,
         tx: &mut dyn Tx,
@@ -223,6 +246,7 @@ impl<S: Store> Engine<S> {
         guest_req: &runtime::Request,
         view: Option<DecisionView>,
         live: &Decision,
+        live_plan: Option<PlanShape>,
         now_ms: i64,
     ) {
         let Some(view) = view else {
@@ -241,18 +265,22 @@ impl<S: Store> Engine<S> {
         }
         let verdict: Result<_, StoreError> =
             self.judge(tx, shadow.policy.as_ref(), req, guest_req, view, now_ms);
-        let shadow_label = match verdict {
-            Ok(Ok(_)) => match req.route {
-                Route::Interactive => "accepted".to_string(),
-                Route::Durable => "queued".to_string(),
-            },
-            Ok(Err(refused)) => label(&refused),
-            Err(_) => "store_error".to_string(),
+        let (shadow_label, shadow_plan) = match verdict {
+            Ok(Ok(planned)) => {
+                let plan = planned.shape();
+                let outcome = match req.route {
+                    Route::Interactive => crate::reason::Outcome::Accepted,
+                    Route::Durable => crate::reason::Outcome::Queued,
+                };
+                (label(&Decision::plain(outcome), Some(&plan)), Some(plan))
+            }
+            Ok(Err(refused)) => (label(&refused, None), None),
+            Err(_) => ("store_error".to_string(), None),
         };
-        let live_label = label(live);
+        let live_label = label(live, live_plan.as_ref());
         let mut stats = shadow.stats.lock().unwrap_or_else(|e| e.into_inner());
         stats.decisions += 1;
-        if live_label == shadow_label {
+        if live_label == shadow_label && live_plan == shadow_plan {
             stats.agreements += 1;
         } else {
             if stats.recent.len() == RECENT_DISAGREEMENTS {
@@ -270,6 +298,8 @@ impl<S: Store> Engine<S> {
                 labels: req.labels.clone(),
                 active: live_label.clone(),
                 shadow: shadow_label.clone(),
+                active_plan: live_plan,
+                shadow_plan,
             });
         }
         *stats

@@ -3,7 +3,10 @@
 //! digest, the previous one (for rollback), the shadow and its sample, and a generation
 //! bumped by every change. A swap, rollback or shadow change through any replica is written
 //! there first; each writer reads the generation now and then ([`Engine::sync_policy`]) and
-//! takes up what changed. The configuration's policy only seeds an empty store.
+//! takes up what changed. The configuration's policy seeds an empty store, and at every
+//! start a configured policy whose bytes changed since the last start (`policy.configured`
+//! keeps their digest) is installed as a new version; an unchanged one leaves a runtime
+//! swap in force.
 
 use super::swap::{PolicyIdentity, SwapError};
 use super::Engine;
@@ -17,6 +20,8 @@ const PREVIOUS: &str = "policy.previous";
 const SHADOW: &str = "policy.shadow";
 const SHADOW_SAMPLE: &str = "policy.shadow_sample";
 const GENERATION: &str = "policy.generation";
+/// The digest of the configuration's policy at the last start.
+const CONFIGURED: &str = "policy.configured";
 
 /// What [`Engine::adopt_stored_policy`] found.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -25,12 +30,19 @@ pub enum Adopted {
     Seeded,
     /// The store's policy is the engine's.
     Same,
-    /// The store's policy differs from the one the engine was made with, and is now active.
+    /// The store's policy differs from the one the engine was made with, and is now active:
+    /// the configuration's is the one of the last start, so a runtime swap stays in force.
     FromStore {
         /// The store's policy, now active.
         stored: PolicyIdentity,
         /// The one the engine was made with (the configuration's).
         configured: PolicyIdentity,
+    },
+    /// The configuration's policy changed since the last start: it is now the store's
+    /// active policy, and the one it replaced is the previous (rollback returns to it).
+    Installed {
+        /// The store's policy before, now the previous.
+        replaced: String,
     },
 }
 
@@ -84,8 +96,10 @@ impl<S: Store> Engine<S> {
     pub fn adopt_stored_policy(&self, bytes: &[u8]) -> Result<Adopted, SwapError> {
         let current = self.active_policy();
         let digest = current.digest().to_string();
-        let (state, stored_bytes) = self.transaction(|tx| {
+        let (state, stored_bytes, installed) = self.transaction(|tx| {
             let state = read_state(tx)?;
+            let last_configured = tx.meta(CONFIGURED)?.filter(|d| !d.is_empty());
+            tx.set_meta(CONFIGURED, &digest)?;
             let stored = match &state.active {
                 None => {
                     tx.put_policy_component(&digest, bytes)?;
@@ -94,11 +108,24 @@ impl<S: Store> Engine<S> {
                     None
                 }
                 Some(d) if *d == digest => None,
+                // The file names other bytes than at the last start: they are the new
+                // version. (A store from before `policy.configured` was kept has no record:
+                // its active policy stays, as it did then.)
+                Some(d) if last_configured.as_ref().is_some_and(|c| *c != digest) => {
+                    tx.put_policy_component(&digest, bytes)?;
+                    tx.set_meta(PREVIOUS, d)?;
+                    tx.set_meta(ACTIVE, &digest)?;
+                    bump(tx)?;
+                    return Ok((state, None, true));
+                }
                 Some(d) => tx.policy_component(d)?,
             };
-            Ok((state, stored))
+            Ok((state, stored, false))
         })?;
         let adopted = match (&state.active, stored_bytes) {
+            (Some(d), _) if installed => Adopted::Installed {
+                replaced: d.clone(),
+            },
             (None, _) => Adopted::Seeded,
             (Some(_), None) if state.active.as_deref() == Some(digest.as_str()) => Adopted::Same,
             (Some(d), None) => {

@@ -112,8 +112,8 @@ const PYTHON: &[File] = &[
     },
 ];
 
-/// The JavaScript project: the templates of `cli/templates/javascript/` and the SDK of
-/// `guest/javascript/` (with its TypeScript types) with the world of `wit/0.2.0/`.
+/// The JavaScript project: the templates of `cli/templates/javascript/`, then
+/// [`JAVASCRIPT_SDK`].
 const JAVASCRIPT: &[File] = &[
     File {
         path: "policy.js",
@@ -135,26 +135,10 @@ const JAVASCRIPT: &[File] = &[
         path: "README.md",
         text: include_str!("../../../templates/javascript/README.md.in"),
     },
-    File {
-        path: "scenarios/{name}.json",
-        text: include_str!("../../../templates/rust/scenario.json.in"),
-    },
-    File {
-        path: "sdk/tollgate-policy.js",
-        text: include_str!("../../../../guest/javascript/tollgate-policy.js"),
-    },
-    File {
-        path: "sdk/tollgate-policy.d.ts",
-        text: include_str!("../../../../guest/javascript/tollgate-policy.d.ts"),
-    },
-    File {
-        path: "wit/0.2.0/policy.wit",
-        text: include_str!("../../../../wit/0.2.0/policy.wit"),
-    },
 ];
 
-/// The TypeScript project: the templates of `cli/templates/typescript/` and the JavaScript
-/// SDK (its types are what the compiler checks against) with the world of `wit/0.2.0/`.
+/// The TypeScript project: the templates of `cli/templates/typescript/`, then
+/// [`JAVASCRIPT_SDK`] (its types are what the compiler checks against).
 const TYPESCRIPT: &[File] = &[
     File {
         path: "policy.ts",
@@ -176,6 +160,11 @@ const TYPESCRIPT: &[File] = &[
         path: "README.md",
         text: include_str!("../../../templates/typescript/README.md.in"),
     },
+];
+
+/// What a TypeScript and a JavaScript project share: the scenario, the JavaScript SDK with
+/// its types, and the world.
+const JAVASCRIPT_SDK: &[File] = &[
     File {
         path: "scenarios/{name}.json",
         text: include_str!("../../../templates/rust/scenario.json.in"),
@@ -194,12 +183,12 @@ const TYPESCRIPT: &[File] = &[
     },
 ];
 
-/// The languages `policy new` knows, with their projects.
-const LANGUAGES: &[(&str, &[File])] = &[
-    ("rust", RUST),
-    ("python", PYTHON),
-    ("typescript", TYPESCRIPT),
-    ("javascript", JAVASCRIPT),
+/// The languages `policy new` knows, with their projects' files.
+const LANGUAGES: &[(&str, &[&[File]])] = &[
+    ("rust", &[RUST]),
+    ("python", &[PYTHON]),
+    ("typescript", &[TYPESCRIPT, JAVASCRIPT_SDK]),
+    ("javascript", &[JAVASCRIPT, JAVASCRIPT_SDK]),
 ];
 
 /// Writes a new project named after the last part of `dir` into `dir`, which must not exist
@@ -235,7 +224,7 @@ pub fn new_project(dir: &Path, lang: &str) -> Result<Vec<String>, String> {
         return Err(format!("{} exists and is not empty", dir.display()));
     }
     let mut written = Vec::new();
-    for file in files.iter() {
+    for file in files.iter().flat_map(|f| f.iter()) {
         let path = dir.join(file.path.replace("{name}", name));
         if let Some(parent) = path.parent() {
             fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
