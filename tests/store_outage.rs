@@ -15,6 +15,7 @@
 mod common;
 
 use common::server::{now_ms, Server};
+use common::stub::Stub;
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -177,41 +178,6 @@ fn shell(command: &str) {
     assert!(status.success(), "{command} failed");
 }
 
-/// The gateway tests' stub upstream (tests/gateway/stub_upstream.py), on a free port; it
-/// stops with the test.
-struct Stub {
-    child: std::process::Child,
-    port: u16,
-}
-
-impl Stub {
-    fn start() -> Stub {
-        use std::io::BufRead;
-        let script = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../tests/gateway/stub_upstream.py"
-        );
-        let mut child = std::process::Command::new("python3")
-            .args([script, "0"])
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        std::io::BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let port = line.trim().parse().expect("the stub prints its port");
-        Stub { child, port }
-    }
-}
-
-impl Drop for Stub {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// A chat completion through the gateway: its answer, whatever its status.
 fn chat(base: &str, key: &str, content: &str) -> ureq::Response {
     let body = json!({"model": "gpt-4o-mini", "max_tokens": 10,
@@ -248,7 +214,7 @@ fn a_gateway_answer_during_a_store_outage_reaches_its_caller_and_its_completion_
                             "tokens": {"capacity": 100000, "refill_per_s": 0}},
         "tenants": {"acme": {"concurrency": 1}},
         "gateway": {
-            "upstreams": {"stub": {"base_url": format!("http://127.0.0.1:{}/v1", stub.port)}},
+            "upstreams": {"stub": {"base_url": stub.base_url()}},
             "models": {"gpt-4o-mini": {"upstream": "stub", "tokenizer": "o200k_base"}},
             "default_timeout_ms": 20000
         }

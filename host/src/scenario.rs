@@ -383,6 +383,7 @@ impl Runner {
                     result_ref: c.result_ref.clone(),
                     worker: None,
                     attempt: c.attempt,
+                    answer: None,
                 };
                 to_value(engine.complete(&completion, now).map(|a| json!(a)))
             }

@@ -10,6 +10,7 @@ use tollgate::Engine;
 
 pub mod http;
 pub mod server;
+pub mod stub;
 
 /// A policy component by name: a built-in one, or a test fixture this build made
 /// (`policies/fixtures/`).

@@ -8,7 +8,8 @@ failures included. What it does is chosen by the last message's content:
   "drop"                   a stream (or a plain body) cut off midway: the connection closes
   "slow-stream"            a stream whose events come 150 ms apart
 
-Every request is recorded; GET /_calls lists them (path, authorization, body).
+Every request is recorded; GET /_calls lists them (path, authorization, body). Like a real
+provider, every answer has an id of its own (`chatcmpl-<n>`, n counting the requests).
 """
 import json
 import socket
@@ -49,6 +50,7 @@ class Handler(BaseHTTPRequestHandler):
             self.calls.append({"path": self.path,
                                "authorization": self.headers.get("authorization"),
                                "body": body})
+            self.answer_id = f"chatcmpl-{len(self.calls)}"
         content = body["messages"][-1].get("content", "")
         if isinstance(content, list):
             content = " ".join(p.get("text", "") for p in content)
@@ -73,7 +75,7 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.flush()
             return self.cut()
         answer = {
-            "id": "chatcmpl-stub", "object": "chat.completion", "created": 1700000000,
+            "id": self.answer_id, "object": "chat.completion", "created": int(time.time()),
             "model": body["model"],
             "choices": [{"index": 0, "message": {"role": "assistant", "content": ANSWER},
                          "finish_reason": "stop", "logprobs": None}],
@@ -115,8 +117,8 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("content-type", "text/event-stream")
         self.send_header("transfer-encoding", "chunked")
         self.end_headers()
-        base = {"id": "chatcmpl-stub", "object": "chat.completion.chunk",
-                "created": 1700000000, "model": body["model"]}
+        base = {"id": self.answer_id, "object": "chat.completion.chunk",
+                "created": int(time.time()), "model": body["model"]}
         pieces = ["Hel", "lo", " world"]
         self.event({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
                                          "finish_reason": None}]})

@@ -5,12 +5,13 @@
 
 use super::completion::{finish, Ending};
 use super::openai;
+use super::replay;
 use super::sse::{self, Splitter};
 use super::upstream::{self, Sent};
 use super::{ChatCall, ModelRoute, MAX_ANSWER_BYTES};
 use crate::service::{AppState, Shared};
 use axum::body::{Body, Bytes};
-use axum::http::{header, HeaderValue, Request, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, Request, StatusCode};
 use axum::response::Response;
 use http_body_util::{BodyExt, Full};
 use serde_json::{json, Value};
@@ -29,6 +30,13 @@ pub async fn run(s: Shared, call: ChatCall) -> Response {
             Ok(answer) => answer,
             Err(e) => return axum::response::IntoResponse::into_response(e),
         };
+        if decision.outcome == Outcome::DuplicateCompleted && call.replay.is_some() {
+            if let Some(answer) = replay::fetch(&s, &call.tenant, &call.key, levels.as_ref()).await
+            {
+                count(&s, &call, "replayed");
+                return answer;
+            }
+        }
         if decision.outcome != Outcome::Accepted {
             count(&s, &call, "refused");
             return refusal(&decision, levels.as_ref());
@@ -66,18 +74,22 @@ pub async fn run(s: Shared, call: ChatCall) -> Response {
                 let usage = serde_json::from_slice::<Value>(&body)
                     .ok()
                     .and_then(|v| sse::usage_of(&v));
-                let ending = Ending {
-                    usage,
-                    ..Ending::of(CallResult::Succeeded)
-                };
-                finish(&s, &call, attempt, ending).await;
-                count(&s, &call, "succeeded");
-                let mut response = Response::new(Body::from(body));
+                let mut response = Response::new(Body::from(body.clone()));
                 response.headers_mut().insert(
                     header::CONTENT_TYPE,
                     HeaderValue::from_static("application/json"),
                 );
                 decorate(&mut response, levels.as_ref(), &decision);
+                let answer = call.replay.and_then(|r| {
+                    r.save(StatusCode::OK, response.headers(), &body, s.clock.now_ms())
+                });
+                let ending = Ending {
+                    usage,
+                    answer,
+                    ..Ending::of(CallResult::Succeeded)
+                };
+                finish(&s, &call, attempt, ending).await;
+                count(&s, &call, "succeeded");
                 return response;
             }
             Sent::Refused {
@@ -236,7 +248,7 @@ fn refusal(d: &Decision, levels: Option<&TenantLevels>) -> Response {
         ),
         Outcome::DuplicateCompleted => (
             "duplicate_completed",
-            "duplicate_completed: a call with this Idempotency-Key has ended; its answer is not stored for replay".to_string(),
+            "duplicate_completed: a call with this Idempotency-Key has ended and its answer is not kept (replay off, expired, too large, or the call did not succeed)".to_string(),
         ),
         Outcome::Conflict => (
             "conflict",
@@ -347,7 +359,19 @@ fn stream(
 ) -> Response {
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(64);
     let attempt = decision.attempt.unwrap_or(1);
+    let mut response_head = HeaderMap::new();
+    response_head.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    response_head.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    if decision.degraded == Some(true) {
+        response_head.insert("x-tollgate-degraded", HeaderValue::from_static("true"));
+    }
+    let kept_head = response_head.clone();
     tokio::spawn(async move {
+        // The events as the caller gets them, kept for a repeat while within the bound.
+        let mut kept: Option<Vec<u8>> = call.replay.map(|_| Vec::new());
         let mut body = upstream.into_body();
         let mut splitter = Splitter::default();
         let (mut usage, mut done, mut first) = (None, false, true);
@@ -376,6 +400,13 @@ fn stream(
                     usage = event.usage;
                 }
                 let pass = !event.usage_only || call.caller_wants_usage;
+                if let (Some(k), Some(r), true) = (&mut kept, call.replay, pass) {
+                    if k.len() + event.raw.len() <= r.max_bytes {
+                        k.extend_from_slice(&event.raw);
+                    } else {
+                        kept = None;
+                    }
+                }
                 if pass && caller_here && tx.send(Ok(Bytes::from(event.raw))).await.is_err() {
                     // The caller left; the answer is still read to learn its usage.
                     caller_here = false;
@@ -385,8 +416,15 @@ fn stream(
         observe(&s.metrics.gateway_upstream_seconds, &call, started);
         match failure {
             None if done || usage.is_some() => {
+                let answer = match (call.replay, kept) {
+                    (Some(r), Some(events)) => {
+                        r.save(StatusCode::OK, &kept_head, &events, s.clock.now_ms())
+                    }
+                    _ => None,
+                };
                 let ending = Ending {
                     usage,
+                    answer,
                     ..Ending::of(CallResult::Succeeded)
                 };
                 finish(&s, &call, attempt, ending).await;
@@ -407,12 +445,7 @@ fn stream(
         rx.recv().await.map(|item| (item, rx))
     });
     let mut response = Response::new(Body::from_stream(stream));
-    let headers = response.headers_mut();
-    headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream"),
-    );
-    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    *response.headers_mut() = response_head;
     decorate(&mut response, levels.as_ref(), &decision);
     response
 }

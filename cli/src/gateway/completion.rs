@@ -11,7 +11,7 @@
 use super::ChatCall;
 use crate::service::{Failure, Shared};
 use std::time::Duration;
-use tollgate::engine::{Answer, Completion, Job};
+use tollgate::engine::{Answer, Completion, Job, SavedAnswer};
 use tollgate::model::{CallResult, RetryVerdict, Usage};
 
 /// The first wait before a kept completion is offered again; it doubles up to [`MAX_WAIT`].
@@ -24,6 +24,8 @@ pub struct Ending {
     pub usage: Option<Usage>,
     pub failure: Option<&'static str>,
     pub provider_retry_after_ms: Option<u64>,
+    /// The answer kept for a repeated call, saved with the success.
+    pub answer: Option<SavedAnswer>,
 }
 
 impl Ending {
@@ -33,6 +35,7 @@ impl Ending {
             usage: None,
             failure: None,
             provider_retry_after_ms: None,
+            answer: None,
         }
     }
 }
@@ -60,6 +63,7 @@ pub async fn finish(
         usage: ending.usage,
         failure: ending.failure.map(str::to_string),
         provider_retry_after_ms: ending.provider_retry_after_ms,
+        answer: ending.answer,
         // A report names its attempt: a late one can never end the next attempt.
         attempt: Some(attempt),
         ..Completion::succeeded(&call.tenant, &call.key)

@@ -10,6 +10,7 @@
 mod call;
 mod completion;
 mod openai;
+mod replay;
 mod sse;
 mod tokens;
 mod upstream;
@@ -46,6 +47,8 @@ pub struct Gateway {
     client: HttpClient,
     default_timeout_ms: u64,
     max_attempts: u32,
+    /// Answer replay, when on.
+    replay: Option<replay::Replay>,
 }
 
 /// Longest `x-tollgate-timeout-ms` a caller may ask for: one day.
@@ -100,6 +103,10 @@ impl Gateway {
             client: upstream::client(),
             default_timeout_ms: g.default_timeout_ms,
             max_attempts: g.max_attempts,
+            replay: g.replay.then(|| replay::Replay {
+                ttl_ms: (g.replay_ttl_s * 1000) as i64,
+                max_bytes: g.replay_max_answer_bytes as usize,
+            }),
         })
     }
 }
@@ -158,6 +165,9 @@ pub(crate) struct ChatCall {
     /// Whether the caller asked for the usage chunk of a stream.
     caller_wants_usage: bool,
     request: tollgate::model::Request,
+    /// Whether the answer is kept for a repeat (the caller gave an `Idempotency-Key` and
+    /// replay is on).
+    replay: Option<replay::Replay>,
 }
 
 async fn chat_completions(State(s): State<Shared>, headers: HeaderMap, body: Body) -> Response {
@@ -247,6 +257,7 @@ async fn read_call(
         .and_then(|o| o.get("include_usage"))
         .and_then(Value::as_bool)
         .unwrap_or(false);
+    let replay = g.replay.filter(|_| headers.contains_key("idempotency-key"));
     let key = match headers.get("idempotency-key") {
         None => fresh_key(),
         Some(v) => match v.to_str() {
@@ -311,6 +322,7 @@ async fn read_call(
         stream,
         caller_wants_usage,
         request,
+        replay,
     })
 }
 

@@ -169,6 +169,7 @@ pub(super) async fn complete(
         result_ref: r.body.result_ref,
         worker: r.worker,
         attempt: r.body.attempt,
+        answer: None,
     };
     completion_response(
         submit(

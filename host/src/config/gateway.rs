@@ -22,7 +22,33 @@ pub struct GatewayConfig {
     /// The most attempts the gateway makes of one call, whatever the policy allows.
     #[serde(default = "default_max_attempts")]
     pub max_attempts: u32,
+    /// Whether a call with an `Idempotency-Key` keeps its answer, given back to a repeat.
+    #[serde(default = "default_replay")]
+    pub replay: bool,
+    /// How long a kept answer is given back, in seconds.
+    #[serde(default = "default_replay_ttl_s")]
+    pub replay_ttl_s: u64,
+    /// The largest answer kept (a plain body, or a stream's events); a larger one is not.
+    #[serde(default = "default_replay_max_answer_bytes")]
+    pub replay_max_answer_bytes: u64,
 }
+
+fn default_replay() -> bool {
+    true
+}
+
+fn default_replay_ttl_s() -> u64 {
+    86_400
+}
+
+fn default_replay_max_answer_bytes() -> u64 {
+    1 << 20
+}
+
+/// The longest `replay_ttl_s`: 30 days.
+pub const MAX_REPLAY_TTL_S: u64 = 30 * 86_400;
+/// The largest `replay_max_answer_bytes`: 64 MiB.
+pub const MAX_REPLAY_ANSWER_BYTES: u64 = 64 << 20;
 
 /// One OpenAI-compatible API.
 #[derive(Clone, Debug, Deserialize)]
@@ -116,6 +142,16 @@ impl GatewayConfig {
         }
         if g.default_timeout_ms == 0 || g.max_attempts == 0 {
             return Err("gateway: default_timeout_ms and max_attempts must be at least 1".into());
+        }
+        if !(1..=MAX_REPLAY_TTL_S).contains(&g.replay_ttl_s) {
+            return Err(format!(
+                "gateway.replay_ttl_s must be 1 to {MAX_REPLAY_TTL_S} seconds"
+            ));
+        }
+        if !(1..=MAX_REPLAY_ANSWER_BYTES).contains(&g.replay_max_answer_bytes) {
+            return Err(format!(
+                "gateway.replay_max_answer_bytes must be 1 to {MAX_REPLAY_ANSWER_BYTES}"
+            ));
         }
         Ok(g)
     }

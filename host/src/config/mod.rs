@@ -152,6 +152,7 @@ pub(crate) struct LimitsInput {
 #[serde(deny_unknown_fields, default)]
 pub(crate) struct RetentionInput {
     pub(crate) operations_days: Option<f64>,
+    pub(crate) saved_answers_max_bytes: Option<u64>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
@@ -237,6 +238,9 @@ pub struct Config {
     pub max_call_ms: u64,
     /// How long finished operations are kept (`None`: for ever); their keys are then new.
     pub retention_ms: Option<u64>,
+    /// The most bytes of saved answers the store keeps in all (the soonest to expire go
+    /// first when over).
+    pub saved_answers_max_bytes: u64,
     /// How dispatch shares claims between tenants.
     pub discipline: Discipline,
     /// Tokens a `drr_tokens` turn adds, times the tenant's weight.
@@ -368,6 +372,15 @@ impl Config {
                 .policy_fuel
                 .unwrap_or(PolicyLimits::DEFAULT.fuel),
             max_call_ms: input.limits.max_call_ms.unwrap_or(DEFAULT_MAX_CALL_MS),
+            saved_answers_max_bytes: match input.retention.saved_answers_max_bytes {
+                None => 256 << 20,
+                Some(n) if n <= 1 << 40 => n,
+                Some(_) => {
+                    return Err(ConfigError(
+                        "retention.saved_answers_max_bytes must be at most 1 TiB".into(),
+                    ))
+                }
+            },
             retention_ms: match input.retention.operations_days {
                 None => Some(DEFAULT_RETENTION_DAYS * DAY_MS),
                 Some(0.0) => None,

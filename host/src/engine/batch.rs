@@ -39,6 +39,15 @@ pub enum Job {
         /// The time of the resolution.
         now_ms: i64,
     },
+    /// Read the answer saved with an operation's success.
+    SavedAnswer {
+        /// Its tenant.
+        tenant: String,
+        /// Its key.
+        key: String,
+        /// The time of the read (an expired answer is not given).
+        now_ms: i64,
+    },
     /// Claim queued durable jobs for a worker.
     Dispatch {
         /// The worker's name.
@@ -109,6 +118,8 @@ pub enum Answer {
     Inspection(Box<Inspection>),
     /// The answer to `Operations`.
     Operations(super::OperationsPage),
+    /// The answer to `SavedAnswer`.
+    SavedAnswer(Option<Vec<u8>>),
 }
 
 impl Job {
@@ -120,7 +131,9 @@ impl Job {
             }
             Job::Complete { completion, .. } => Some(&completion.tenant),
             Job::Reconcile { reconciliation, .. } => Some(&reconciliation.tenant),
-            Job::Operation { tenant, .. } | Job::TenantLevels { tenant, .. } => Some(tenant),
+            Job::Operation { tenant, .. }
+            | Job::TenantLevels { tenant, .. }
+            | Job::SavedAnswer { tenant, .. } => Some(tenant),
             Job::Dispatch { .. }
             | Job::SetDownstream { .. }
             | Job::Inspect { .. }
@@ -161,7 +174,9 @@ impl<S: Store> Engine<S> {
                 Job::Reconcile { reconciliation, .. } => {
                     (&reconciliation.tenant, Some(&reconciliation.key), None)
                 }
-                Job::Operation { tenant, key } => (tenant, Some(key), None),
+                Job::Operation { tenant, key } | Job::SavedAnswer { tenant, key, .. } => {
+                    (tenant, Some(key), None)
+                }
                 Job::TenantLevels { tenant, .. } => (tenant, None, None),
                 Job::Dispatch { .. }
                 | Job::SetDownstream { .. }
@@ -281,6 +296,11 @@ impl<S: Store> Engine<S> {
                 Job::Operation { tenant, key } => {
                     Answer::Operation(tx.operation(tenant, key)?.as_ref().map(OperationView::of))
                 }
+                Job::SavedAnswer {
+                    tenant,
+                    key,
+                    now_ms,
+                } => Answer::SavedAnswer(tx.answer(tenant, key, at(now_ms))?),
                 Job::Inspect { now_ms, page } => {
                     Answer::Inspection(Box::new(self.inspect_in(tx, at(now_ms), Some(page))?))
                 }

@@ -31,6 +31,18 @@ pub struct Completion {
     /// The attempt reported on; a report for another attempt is `stale_attempt` and
     /// changes nothing. `None`: the current attempt.
     pub attempt: Option<u32>,
+    /// The call's answer, saved with a success so that a repeated call can be given it
+    /// (opaque to the engine; the gateway's encoding).
+    pub answer: Option<SavedAnswer>,
+}
+
+/// An answer saved with an operation's success, kept until `expires_ms`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SavedAnswer {
+    /// The answer, as its writer encoded it.
+    pub bytes: Vec<u8>,
+    /// When it is no longer given back.
+    pub expires_ms: i64,
 }
 
 impl Completion {
@@ -46,6 +58,7 @@ impl Completion {
             result_ref: None,
             worker: None,
             attempt: None,
+            answer: None,
         }
     }
 }
@@ -158,6 +171,17 @@ impl<S: Store> Engine<S> {
         self.transaction(|tx| self.complete_in(tx, policy.as_ref(), c, now_ms))
     }
 
+    /// The answer saved with the success of operation `(tenant, key)`, unless it expired by
+    /// `now_ms`.
+    pub fn saved_answer(
+        &self,
+        tenant: &str,
+        key: &str,
+        now_ms: i64,
+    ) -> Result<Option<Vec<u8>>, StoreError> {
+        self.transaction(|tx| tx.answer(tenant, key, now_ms))
+    }
+
     /// Resolves an `unknown` outcome; releases its slot.
     pub fn reconcile(
         &self,
@@ -227,6 +251,10 @@ impl<S: Store> Engine<S> {
                 self.finish_attempt(tx, &mut op, c.usage, now_ms)?;
                 op.state = OpState::Succeeded;
                 op.last_retry = None;
+                // In the same transaction: a repeat sees the success only with its answer.
+                if let Some(a) = &c.answer {
+                    tx.put_answer(&op.tenant, &op.key, a.expires_ms, &a.bytes)?;
+                }
             }
             CallResult::Unknown => {
                 // The provider may still be working: the slot and the tokens stay held.

@@ -142,6 +142,8 @@ pub struct Sweep {
     pub deleted: u64,
     /// Operations `unknown` now (abandoned or reported so), awaiting reconciliation.
     pub unknown: u64,
+    /// Saved answers deleted: expired, or the soonest to expire while over the bound.
+    pub answers_deleted: u64,
 }
 
 /// Where the next sweep resumes: the last operation the previous one looked at.
@@ -191,6 +193,13 @@ impl<S: Store> Engine<S> {
                 }
             }
             sweep.unknown = tx.count_unknown()?;
+            // Saved answers past their time, then the soonest to expire while over the bound.
+            sweep.answers_deleted = tx.delete_answers(now_ms, SWEEP_ROWS)?;
+            let mut rounds = 0;
+            while rounds < 16 && tx.answer_bytes()? > config.saved_answers_max_bytes {
+                sweep.answers_deleted += tx.delete_answers(i64::MAX, 64)?;
+                rounds += 1;
+            }
             Ok(sweep)
         })
     }

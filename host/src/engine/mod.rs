@@ -18,7 +18,7 @@ mod swap;
 
 pub use admission::Decision;
 pub use batch::{Answer, Job};
-pub use completion::{Completion, CompletionAnswer, Reconciliation};
+pub use completion::{Completion, CompletionAnswer, Reconciliation, SavedAnswer};
 pub use directory::{DirectoryApplied, DirectoryError, KeyInfo};
 pub use dispatch::{Claim, DispatchAnswer, DispatchReason};
 pub use housekeeping::{OperationsPage, Page, Sweep, MOST_PER_PAGE};

@@ -476,6 +476,7 @@ impl<'a, S: Store> Sim<'a, S> {
             result_ref: None,
             worker: worker.map(|w| self.worker_names[w as usize].clone()),
             attempt: Some(attempt),
+            answer: None,
         };
         self.pending.push((
             Job::Complete {

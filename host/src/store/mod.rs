@@ -340,6 +340,25 @@ pub trait Tx {
     fn band_has_jobs(&mut self, tenant: &str, band: Priority) -> Result<bool, StoreError>;
     /// Queued jobs that can no longer meet their deadline at `now_ms`, oldest first.
     fn infeasible(&mut self, now_ms: i64) -> Result<Vec<QueuedJob>, StoreError>;
+    /// The saved answer of operation `(tenant, key)`, unless it expired by `now_ms`.
+    fn answer(
+        &mut self,
+        tenant: &str,
+        key: &str,
+        now_ms: i64,
+    ) -> Result<Option<Vec<u8>>, StoreError>;
+    /// Saves an operation's answer until `expires_ms` (replacing one saved before).
+    fn put_answer(
+        &mut self,
+        tenant: &str,
+        key: &str,
+        expires_ms: i64,
+        bytes: &[u8],
+    ) -> Result<(), StoreError>;
+    /// Deletes at most `limit` answers that expire by `by_ms`, soonest first; how many.
+    fn delete_answers(&mut self, by_ms: i64, limit: u32) -> Result<u64, StoreError>;
+    /// The bytes of every saved answer, for the bound on their total.
+    fn answer_bytes(&mut self) -> Result<u64, StoreError>;
     /// A tenant's deficit-round-robin credit, in tokens.
     fn deficit(&mut self, tenant: &str) -> Result<u64, StoreError>;
     /// Sets a tenant's DRR deficit.

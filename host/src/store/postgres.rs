@@ -62,6 +62,7 @@ const STATEMENTS: &[(&str, &str)] = &[
     ("unknown_after", "SELECT tenant, key, record FROM operations
         WHERE state = 'unknown' AND (tenant, key) > ($1, $2) ORDER BY tenant, key LIMIT $3"),
     ("delete_operation", "DELETE FROM operations WHERE tenant = $1 AND key = $2"),
+    ("delete_operation_answer", "DELETE FROM answers WHERE tenant = $1 AND key = $2"),
     ("rename_worker", "UPDATE operations SET worker = $2,
         record = jsonb_set(record::jsonb, '{worker}', to_jsonb($2::text))::text WHERE worker = $1"),
     ("count_unknown", "SELECT COUNT(*) FROM operations WHERE state = 'unknown'"),
@@ -83,6 +84,12 @@ const STATEMENTS: &[(&str, &str)] = &[
         WHERE expire_at_ms <= $1 ORDER BY expire_at_ms, seq"),
     ("deficit", "SELECT deficit FROM tenant_queues WHERE tenant = $1"),
     ("policy_component", "SELECT bytes FROM policies WHERE digest = $1"),
+    ("answer", "SELECT bytes FROM answers WHERE tenant = $1 AND key = $2 AND expires_ms > $3"),
+    ("put_answer", "INSERT INTO answers (tenant, key, expires_ms, size, bytes) VALUES ($1, $2, $3, $4, $5) \
+        ON CONFLICT (tenant, key) DO UPDATE SET expires_ms = EXCLUDED.expires_ms, size = EXCLUDED.size, bytes = EXCLUDED.bytes"),
+    ("delete_answers", "DELETE FROM answers WHERE ctid IN \
+        (SELECT ctid FROM answers WHERE expires_ms <= $1 ORDER BY expires_ms LIMIT $2)"),
+    ("answer_bytes", "SELECT COALESCE(SUM(size), 0)::BIGINT FROM answers"),
     ("put_policy_component", "INSERT INTO policies (digest, bytes) VALUES ($1, $2) ON CONFLICT (digest) DO NOTHING"),
     ("written_tenants", "SELECT name, written FROM tenants ORDER BY name"),
     ("put_written_tenant", "INSERT INTO tenants (name, written) VALUES ($1, $2)
@@ -653,6 +660,8 @@ impl Tx for PgTx<'_> {
         self.need_store()?;
         self.flush_operations()?;
         self.exec("delete_operation", &[&tenant, &key])?;
+        // Its saved answer goes with it: the key is new again.
+        self.exec("delete_operation_answer", &[&tenant, &key])?;
         self.ops.deleted(tenant, key);
         Ok(())
     }
@@ -735,6 +744,38 @@ impl Tx for PgTx<'_> {
             None => self.opt("next_first", &[&band.rank()])?,
         };
         Ok(row.map(|r| r.get(0)))
+    }
+    fn answer(
+        &mut self,
+        tenant: &str,
+        key: &str,
+        now_ms: i64,
+    ) -> Result<Option<Vec<u8>>, StoreError> {
+        self.need(RowLock::operation(tenant, key))?;
+        Ok(self
+            .opt("answer", &[&tenant, &key, &now_ms])?
+            .map(|r| r.get::<_, Vec<u8>>(0)))
+    }
+    fn put_answer(
+        &mut self,
+        tenant: &str,
+        key: &str,
+        expires_ms: i64,
+        bytes: &[u8],
+    ) -> Result<(), StoreError> {
+        self.need(RowLock::operation(tenant, key))?;
+        let size = bytes.len() as i64;
+        self.exec("put_answer", &[&tenant, &key, &expires_ms, &size, &bytes])
+            .map(drop)
+    }
+    fn delete_answers(&mut self, by_ms: i64, limit: u32) -> Result<u64, StoreError> {
+        self.need_store()?;
+        self.exec("delete_answers", &[&by_ms, &i64::from(limit)])
+    }
+    fn answer_bytes(&mut self) -> Result<u64, StoreError> {
+        self.need_store()?;
+        let row = self.client.query_one(&self.st["answer_bytes"], &[])?;
+        Ok(row.get::<_, i64>(0).max(0) as u64)
     }
     fn policy_component(&mut self, digest: &str) -> Result<Option<Vec<u8>>, StoreError> {
         Ok(self

@@ -57,12 +57,16 @@ CREATE TABLE IF NOT EXISTS policies (digest TEXT PRIMARY KEY, bytes {blob} NOT N
 CREATE TABLE IF NOT EXISTS tenants (name TEXT PRIMARY KEY, written TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS api_keys (
     id TEXT PRIMARY KEY, sha256 TEXT NOT NULL UNIQUE, role TEXT NOT NULL, subject TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS answers (
+    tenant TEXT NOT NULL, key TEXT NOT NULL, expires_ms BIGINT NOT NULL, size BIGINT NOT NULL,
+    bytes {blob} NOT NULL, PRIMARY KEY (tenant, key));
+CREATE INDEX IF NOT EXISTS answers_by_expiry ON answers (expires_ms);
 ";
 
 /// The statements that create the schema, with the dialect's auto-incrementing key and
 /// byte-string type. (`policies` keeps the components the store's policy state names,
-/// `tenants` and `api_keys` the directory: tables added without a version bump, since an
-/// earlier host never reads them.)
+/// `tenants` and `api_keys` the directory, `answers` the saved answers replayed to a repeated
+/// call: tables added without a version bump, since an earlier host never reads them.)
 pub fn tables(seq_column: &str, blob: &str) -> String {
     TABLES.replace("{seq}", seq_column).replace("{blob}", blob)
 }

@@ -31,6 +31,10 @@ pub enum Command {
         /// Where to write the component (default: DIR/target/NAME.wasm).
         #[arg(short = 'o', long = "out")]
         out: Option<PathBuf>,
+        /// Run the toolchain even when the sources, SDK and toolchain are those the
+        /// component was built from.
+        #[arg(long)]
+        force: bool,
     },
     /// Check a policy as `policy check` does, then run scenario files with it, ending "N passed, M failed".
     Test {
@@ -87,8 +91,13 @@ pub fn run(command: Command) -> Result<ExitCode, String> {
             );
             Ok(ExitCode::SUCCESS)
         }
-        Command::Build { dir, out } => {
-            build::build(&dir, out.as_deref())?.print();
+        Command::Build { dir, out, force } => {
+            let reuse = if force {
+                build::Reuse::Never
+            } else {
+                build::Reuse::WhenUnchanged
+            };
+            build::build(&dir, out.as_deref(), reuse)?.print();
             Ok(ExitCode::SUCCESS)
         }
         Command::Test {
@@ -182,7 +191,7 @@ fn test(
     config: Option<PathBuf>,
 ) -> Result<ExitCode, String> {
     let component = if target.is_dir() {
-        let built = build::build(target, None)?;
+        let built = build::build(target, None, build::Reuse::WhenUnchanged)?;
         built.print();
         if scenarios.is_empty() && target.join("scenarios").is_dir() {
             scenarios.push(target.join("scenarios"));

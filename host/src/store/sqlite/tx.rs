@@ -163,6 +163,10 @@ impl Tx for SqliteTx<'_> {
         self.tx
             .prepare_cached("DELETE FROM operations WHERE tenant = ?1 AND key = ?2")?
             .execute([tenant, key])?;
+        // Its saved answer goes with it: the key is new again.
+        self.tx
+            .prepare_cached("DELETE FROM answers WHERE tenant = ?1 AND key = ?2")?
+            .execute([tenant, key])?;
         Ok(())
     }
 
@@ -305,6 +309,55 @@ impl Tx for SqliteTx<'_> {
                 .optional()?,
         };
         Ok(row)
+    }
+
+    fn answer(
+        &mut self,
+        tenant: &str,
+        key: &str,
+        now_ms: i64,
+    ) -> Result<Option<Vec<u8>>, StoreError> {
+        let mut st = self.tx.prepare_cached(
+            "SELECT bytes FROM answers WHERE tenant = ?1 AND key = ?2 AND expires_ms > ?3",
+        )?;
+        Ok(st
+            .query_row(params![tenant, key, now_ms], |r| r.get(0))
+            .optional()?)
+    }
+
+    fn put_answer(
+        &mut self,
+        tenant: &str,
+        key: &str,
+        expires_ms: i64,
+        bytes: &[u8],
+    ) -> Result<(), StoreError> {
+        self.tx
+            .prepare_cached(
+                "INSERT INTO answers (tenant, key, expires_ms, size, bytes) \
+                 VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (tenant, key) DO UPDATE SET \
+                 expires_ms = excluded.expires_ms, size = excluded.size, bytes = excluded.bytes",
+            )?
+            .execute(params![tenant, key, expires_ms, bytes.len() as i64, bytes])?;
+        Ok(())
+    }
+
+    fn delete_answers(&mut self, by_ms: i64, limit: u32) -> Result<u64, StoreError> {
+        let n = self
+            .tx
+            .prepare_cached(
+                "DELETE FROM answers WHERE rowid IN (SELECT rowid FROM answers \
+                 WHERE expires_ms <= ?1 ORDER BY expires_ms LIMIT ?2)",
+            )?
+            .execute(params![by_ms, limit])?;
+        Ok(n as u64)
+    }
+
+    fn answer_bytes(&mut self) -> Result<u64, StoreError> {
+        let mut st = self
+            .tx
+            .prepare_cached("SELECT COALESCE(SUM(size), 0) FROM answers")?;
+        Ok(st.query_row([], |r| r.get::<_, i64>(0))?.max(0) as u64)
     }
 
     fn policy_component(&mut self, digest: &str) -> Result<Option<Vec<u8>>, StoreError> {

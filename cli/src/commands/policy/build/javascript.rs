@@ -6,7 +6,7 @@
 //! sandbox, which follows no link out of the folder: the project's sources (`.js`, `.mjs`,
 //! `.json`) and world are copied, links resolved, into a staging folder first.
 
-use super::{beside_executable, check_layout, finish, run, Built};
+use super::{beside_executable, check_layout, finish, reusing, run, Built, Reuse};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -27,11 +27,28 @@ await writeFile(out, component);
 "#;
 
 /// Builds the JavaScript project in `dir` into `path` (both absolute).
-pub fn build(dir: &Path, path: &Path) -> Result<Built, String> {
+pub fn build(dir: &Path, path: &Path, reuse: Reuse) -> Result<Built, String> {
     check_layout(dir, "sdk/tollgate-policy.js")?;
     let modules = node_modules(dir, &[PACKAGE])?;
-    let stage = Stage::of(dir)?;
-    componentize(&modules, &stage, path)
+    reusing(dir, path, &toolchain(&modules, &[PACKAGE]), reuse, || {
+        let stage = Stage::of(dir)?;
+        componentize(&modules, &stage, path)
+    })
+}
+
+/// What names the toolchain in `modules`: its folder and each package's manifest.
+pub fn toolchain(modules: &Path, packages: &[&str]) -> String {
+    let mut id = modules.display().to_string();
+    for p in packages {
+        let manifest = std::fs::read_to_string(modules.join(p).join("package.json"));
+        let version = manifest
+            .ok()
+            .and_then(|m| serde_json::from_str::<serde_json::Value>(&m).ok())
+            .and_then(|m| m["version"].as_str().map(String::from))
+            .unwrap_or_default();
+        id.push_str(&format!(" {p}@{version}"));
+    }
+    id
 }
 
 /// Makes the component of the staged `policy.js` with componentize-js from `modules`.

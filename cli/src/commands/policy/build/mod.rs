@@ -3,8 +3,11 @@
 //!
 //! The language is the project's: `Cargo.toml` is Rust, `app.py` is Python (componentize-py),
 //! `policy.ts` is TypeScript (the TypeScript compiler, then as JavaScript), `policy.js` is
-//! JavaScript (componentize-js, the builder `jco componentize` wraps).
+//! JavaScript (componentize-js, the builder `jco componentize` wraps). An interpreted
+//! project's component is reused when its inputs (sources, SDK, world, toolchain) are those
+//! it was built from ([`inputs`]); cargo decides that for Rust.
 
+mod inputs;
 mod javascript;
 mod python;
 mod rust;
@@ -35,31 +38,69 @@ impl Built {
     }
 }
 
+/// Whether a build may reuse a component made from the same inputs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reuse {
+    /// Reuse it when its inputs are unchanged.
+    WhenUnchanged,
+    /// Run the toolchain again whatever the inputs.
+    Never,
+}
+
 /// Builds the project in `dir` into a component at `out` (default: `DIR/target/NAME.wasm`).
-pub fn build(dir: &Path, out: Option<&Path>) -> Result<Built, String> {
-    let interpreted: fn(&Path, &Path) -> Result<Built, String> = if dir.join("Cargo.toml").is_file()
-    {
-        return rust::build(dir, out);
-    } else if dir.join(python::SOURCE).is_file() {
-        python::build
-    } else if dir.join(typescript::SOURCE).is_file() {
-        typescript::build
-    } else if dir.join(javascript::SOURCE).is_file() {
-        javascript::build
-    } else {
-        return Err(format!(
-            "{}: not a policy project (no Cargo.toml, {}, {} or {}; make one with \
+pub fn build(dir: &Path, out: Option<&Path>, reuse: Reuse) -> Result<Built, String> {
+    let interpreted: fn(&Path, &Path, Reuse) -> Result<Built, String> =
+        if dir.join("Cargo.toml").is_file() {
+            // cargo rebuilds only what changed.
+            return rust::build(dir, out);
+        } else if dir.join(python::SOURCE).is_file() {
+            python::build
+        } else if dir.join(typescript::SOURCE).is_file() {
+            typescript::build
+        } else if dir.join(javascript::SOURCE).is_file() {
+            javascript::build
+        } else {
+            return Err(format!(
+                "{}: not a policy project (no Cargo.toml, {}, {} or {}; make one with \
              `tollgate policy new NAME --lang rust|python|typescript|javascript`)",
-            dir.display(),
-            python::SOURCE,
-            typescript::SOURCE,
-            javascript::SOURCE
-        ));
-    };
+                dir.display(),
+                python::SOURCE,
+                typescript::SOURCE,
+                javascript::SOURCE
+            ));
+        };
     // The interpreters' toolchains run in other folders: every path they get is absolute.
     let dir = std::fs::canonicalize(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let path = output_path(&dir, out)?;
-    interpreted(&dir, &path)
+    interpreted(&dir, &path, reuse)
+}
+
+/// Runs `make` (the toolchain) unless the component at `path` was made from inputs with the
+/// same digest as `dir`'s with `toolchain` (its path and version); records the digest of
+/// what it built.
+fn reusing(
+    dir: &Path,
+    path: &Path,
+    toolchain: &str,
+    reuse: Reuse,
+    make: impl FnOnce() -> Result<Built, String>,
+) -> Result<Built, String> {
+    let digest = inputs::digest(dir, toolchain);
+    if let (Some(d), Reuse::WhenUnchanged) = (&digest, reuse) {
+        if inputs::up_to_date(path, d) {
+            eprintln!(
+                "{}: sources, SDK and toolchain unchanged since the last build: reused",
+                path.display()
+            );
+            return finish(path);
+        }
+    }
+    inputs::forget(path);
+    let built = make()?;
+    if let Some(d) = digest {
+        inputs::record(path, &d);
+    }
+    Ok(built)
 }
 
 /// Where the component of the project in `dir` (absolute) goes, as an absolute path:

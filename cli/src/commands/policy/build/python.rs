@@ -1,7 +1,7 @@
 //! A Python project: `app.py` with a class `Decide`, built by componentize-py against the
 //! project's `wit/0.2.0` with its `sdk/` on the module path.
 
-use super::{beside_executable, check_layout, finish, run, Built};
+use super::{beside_executable, check_layout, finish, reusing, run, Built, Reuse};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -11,17 +11,29 @@ pub const SOURCE: &str = "app.py";
 const COMPONENTIZE_PY: &str = "componentize-py==0.25.1";
 
 /// Builds the Python project in `dir` into `path` (both absolute).
-pub fn build(dir: &Path, path: &Path) -> Result<Built, String> {
+pub fn build(dir: &Path, path: &Path, reuse: Reuse) -> Result<Built, String> {
     check_layout(dir, "sdk/tollgate_policy/__init__.py")?;
     let tool = componentize_py(dir)?;
-    let mut command = Command::new(&tool);
-    command
-        .current_dir(dir)
-        .args(["-d", "wit/0.2.0", "-w", "policy", "componentize"])
-        .args(["-p", "sdk", "-p", ".", "app", "-o"])
-        .arg(path);
-    run(command, "componentize-py")?;
-    finish(path)
+    let version = Command::new(&tool)
+        .arg("--version")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    let toolchain = format!("{} {version}", tool.display());
+    reusing(dir, path, &toolchain, reuse, || {
+        let mut command = Command::new(&tool);
+        command
+            .current_dir(dir)
+            // Python's string hashing is seeded at random unless told otherwise, and the
+            // component holds the interpreter's initialised heap: a fixed seed makes the
+            // same sources build to the same bytes.
+            .env("PYTHONHASHSEED", "0")
+            .args(["-d", "wit/0.2.0", "-w", "policy", "componentize"])
+            .args(["-p", "sdk", "-p", ".", "app", "-o"])
+            .arg(path);
+        run(command, "componentize-py")?;
+        finish(path)
+    })
 }
 
 /// componentize-py: `TOLLGATE_COMPONENTIZE_PY`, else the project's `.venv`, else one on

@@ -4,7 +4,7 @@
 //! copy, so the project folder holds no generated code.
 
 use super::javascript::{self, Stage};
-use super::{check_layout, run, Built};
+use super::{check_layout, reusing, run, Built, Reuse};
 use std::path::Path;
 use std::process::Command;
 
@@ -14,7 +14,7 @@ pub const SOURCE: &str = "policy.ts";
 const COMPILER: &str = "typescript";
 
 /// Builds the TypeScript project in `dir` into `path` (both absolute).
-pub fn build(dir: &Path, path: &Path) -> Result<Built, String> {
+pub fn build(dir: &Path, path: &Path, reuse: Reuse) -> Result<Built, String> {
     check_layout(dir, "sdk/tollgate-policy.d.ts")?;
     if !dir.join("tsconfig.json").is_file() {
         return Err(format!(
@@ -23,7 +23,16 @@ pub fn build(dir: &Path, path: &Path) -> Result<Built, String> {
             dir.display()
         ));
     }
-    let modules = javascript::node_modules(dir, &[javascript::PACKAGE, COMPILER])?;
+    let packages = [javascript::PACKAGE, COMPILER];
+    let modules = javascript::node_modules(dir, &packages)?;
+    let toolchain = javascript::toolchain(&modules, &packages);
+    reusing(dir, path, &toolchain, reuse, || {
+        compile(dir, &modules, path)
+    })
+}
+
+/// Type-checks and compiles a staged copy of `dir`, then builds it as JavaScript.
+fn compile(dir: &Path, modules: &Path, path: &Path) -> Result<Built, String> {
     let stage = Stage::of(dir)?;
     // Whatever `policy.js` the project holds is not what is built: the compiler's is.
     let _ = std::fs::remove_file(stage.0.join(javascript::SOURCE));
@@ -40,5 +49,5 @@ pub fn build(dir: &Path, path: &Path) -> Result<Built, String> {
             javascript::SOURCE
         ));
     }
-    javascript::componentize(&modules, &stage, path)
+    javascript::componentize(modules, &stage, path)
 }

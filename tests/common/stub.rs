@@ -1,0 +1,56 @@
+//! The gateway tests' stub upstream (tests/gateway/stub_upstream.py) as a process of its
+//! own, on a free loopback port; it stops with the test.
+
+use serde_json::Value;
+
+pub struct Stub {
+    child: std::process::Child,
+    pub port: u16,
+}
+
+impl Stub {
+    pub fn start() -> Stub {
+        use std::io::BufRead;
+        let script = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/gateway/stub_upstream.py"
+        );
+        let mut child = std::process::Command::new("python3")
+            .args([script, "0"])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let port = line.trim().parse().expect("the stub prints its port");
+        Stub { child, port }
+    }
+
+    /// Its base URL, as a gateway upstream names it.
+    pub fn base_url(&self) -> String {
+        format!("http://127.0.0.1:{}/v1", self.port)
+    }
+
+    /// The requests it received whose last message is `content`.
+    pub fn calls(&self, content: &str) -> Vec<Value> {
+        let text = ureq::get(&format!("http://127.0.0.1:{}/_calls", self.port))
+            .call()
+            .unwrap()
+            .into_string()
+            .unwrap();
+        let calls: Vec<Value> = serde_json::from_str(&text).unwrap();
+        calls
+            .into_iter()
+            .filter(|c| c["body"]["messages"][0]["content"] == content)
+            .collect()
+    }
+}
+
+impl Drop for Stub {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
