@@ -44,11 +44,15 @@ fn the_openai_sdk_through_the_gateway() {
     let out = Command::new(python())
         .arg(repo().join("tests/gateway/test_gateway.py"))
         .env("TOLLGATE_BIN", env!("CARGO_BIN_EXE_tollgate"))
+        .env(
+            "TOLLGATE_SHED_MODEL_POLICY",
+            tollgate::scenario::default_fixtures().join("shed-model.wasm"),
+        )
         .output()
         .unwrap();
     let report = String::from_utf8_lossy(&out.stderr);
     println!("{report}");
     assert!(out.status.success(), "{report}");
     // Every check ran (a suite that found nothing to run would also exit 0).
-    assert!(report.contains("Ran 14 tests"), "{report}");
+    assert!(report.contains("Ran 15 tests"), "{report}");
 }

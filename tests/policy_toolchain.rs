@@ -33,7 +33,7 @@ fn new_build_test_and_swap_from_an_empty_folder() {
         "scenarios/quiet.json",
         "README.md",
         "sdk/src/lib.rs",
-        "wit/0.2.0/policy.wit",
+        "wit/0.3.0/policy.wit",
     ] {
         assert!(root.join("quiet").join(file).is_file(), "{file}");
     }
@@ -54,7 +54,7 @@ fn new_build_test_and_swap_from_an_empty_folder() {
         out.contains(&format!("size\t{} bytes", bytes.len())),
         "{out}"
     );
-    assert!(out.contains("world\ttollgate:policy@0.2.0"), "{out}");
+    assert!(out.contains("world\ttollgate:policy@0.3.0"), "{out}");
     let digest = tollgate::runtime::PolicyDigest::of(&bytes).to_string();
     assert!(out.contains(&format!("sha256\t{digest}")), "{out}");
     // `-o` writes elsewhere.
@@ -65,6 +65,15 @@ fn new_build_test_and_swap_from_an_empty_folder() {
     );
     assert!(built.status.success(), "{}", text(&built));
     assert_eq!(std::fs::read(&other).unwrap(), bytes);
+    // Built again from nothing: the same sources give the same bytes.
+    std::fs::remove_dir_all(root.join("quiet/target")).unwrap();
+    let rebuilt = tollgate(root, &["policy", "build", "quiet"]);
+    assert!(rebuilt.status.success(), "{}", text(&rebuilt));
+    assert_eq!(
+        std::fs::read(&wasm).unwrap(),
+        bytes,
+        "a Rust build is reproducible"
+    );
 
     let test = tollgate(root, &["policy", "test", "quiet"]);
     assert!(test.status.success(), "{}", text(&test));
@@ -134,7 +143,7 @@ fn new_build_test_and_swap_from_an_empty_folder() {
     assert_eq!(status, 200);
     assert_eq!(
         (active["name"].as_str(), active["world"].as_str()),
-        (Some("quiet"), Some("0.2.0"))
+        (Some("quiet"), Some("0.3.0"))
     );
     assert_eq!(active["sha256"], json!(digest));
     // Model, priority and labels reach it over HTTP, validated like every field.
@@ -155,7 +164,7 @@ fn new_build_test_and_swap_from_an_empty_folder() {
 }
 
 #[test]
-fn a_component_built_for_world_0_1_0_is_checked_and_decides_as_before() {
+fn components_built_for_worlds_0_1_0_and_0_2_0_are_checked_and_decide_as_before() {
     let dir = tempfile::tempdir().unwrap();
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
     let old = repo.join("policies/fixtures/world-0.1.0/standard.wasm");
@@ -184,9 +193,26 @@ fn a_component_built_for_world_0_1_0_is_checked_and_decides_as_before() {
         .collect();
     assert!(failed.iter().all(|n| *n == "priority-shedding"), "{out}");
     assert!(out.contains(" passed, "), "{out}");
+    // A component built for world 0.2.0, before `explain`, decides every scenario as the
+    // standard rules of this release do.
+    let v2 = repo.join("policies/fixtures/world-0.2.0/standard.wasm");
+    let check = tollgate(dir.path(), &["policy", "check", v2.to_str().unwrap()]);
+    assert!(text(&check).contains("\tworld 0.2.0\t"), "{}", text(&check));
+    let run = tollgate(
+        dir.path(),
+        &[
+            "conformance",
+            "run",
+            scenarios.to_str().unwrap(),
+            "--policy",
+            v2.to_str().unwrap(),
+        ],
+    );
+    assert!(run.status.success(), "{}", text(&run));
+    assert!(text(&run).contains(" passed, 0 failed"), "{}", text(&run));
     let list = tollgate(dir.path(), &["policy", "list"]);
     assert!(
-        text(&list).contains("standard\t0.1.0\tworld 0.2.0\t"),
+        text(&list).contains("standard\t0.1.0\tworld 0.3.0\t"),
         "{}",
         text(&list)
     );

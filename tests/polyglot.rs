@@ -147,7 +147,7 @@ fn new_build_test(lang: &str, source: &str) {
         source,
         "scenarios/quiet.json",
         "README.md",
-        "wit/0.2.0/policy.wit",
+        "wit/0.3.0/policy.wit",
     ] {
         assert!(dir.path().join("quiet").join(file).is_file(), "{file}");
     }
@@ -160,7 +160,7 @@ fn new_build_test(lang: &str, source: &str) {
         out.contains(&format!("size\t{} bytes", bytes.len())),
         "{out}"
     );
-    assert!(out.contains("world\ttollgate:policy@0.2.0"), "{out}");
+    assert!(out.contains("world\ttollgate:policy@0.3.0"), "{out}");
     assert!(out.contains("policy\tquiet 0.1.0"), "{out}");
     let test = tollgate(dir.path(), &["policy", "test", "quiet"]);
     assert!(test.status.success(), "{}", text(&test));
@@ -189,6 +189,75 @@ fn new_build_test(lang: &str, source: &str) {
     let wrong_text = text(&wrong);
     assert!(!wrong.status.success(), "{wrong_text}");
     assert!(wrong_text.contains("1 passed, 1 failed"), "{wrong_text}");
+}
+
+/// The value of a `policy build` line (`sha256`, `source_sha256`).
+fn line<'a>(out: &'a str, name: &str) -> &'a str {
+    out.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name}\t")))
+        .unwrap_or_else(|| panic!("no {name} in {out}"))
+}
+
+/// An unchanged project is not built again (by `policy build` or `policy test`), and the
+/// same sources always have the same source digest, even where the toolchain's bytes vary;
+/// a changed source is built again.
+fn reused_and_stable(lang: &str, source: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    assert!(
+        tollgate(dir.path(), &["policy", "new", "p", "--lang", lang])
+            .status
+            .success()
+    );
+    let first = tollgate(dir.path(), &["policy", "build", "p"]);
+    assert!(first.status.success(), "{}", text(&first));
+    let first = String::from_utf8_lossy(&first.stdout).to_string();
+    let again = tollgate(dir.path(), &["policy", "build", "p"]);
+    let again_out = String::from_utf8_lossy(&again.stdout).to_string();
+    assert!(
+        text(&again).contains("unchanged since the last build: reused"),
+        "{}",
+        text(&again)
+    );
+    assert_eq!(line(&again_out, "sha256"), line(&first, "sha256"));
+    let test = tollgate(dir.path(), &["policy", "test", "p"]);
+    assert!(test.status.success(), "{}", text(&test));
+    assert!(text(&test).contains("reused"), "{}", text(&test));
+    // Built again from the same sources: the same source digest.
+    let forced = tollgate(dir.path(), &["policy", "build", "p", "--force"]);
+    assert!(forced.status.success(), "{}", text(&forced));
+    assert!(!text(&forced).contains("reused"));
+    let forced = String::from_utf8_lossy(&forced.stdout).to_string();
+    assert_eq!(
+        line(&forced, "source_sha256"),
+        line(&first, "source_sha256")
+    );
+    // A changed source is built again, with another source digest.
+    let path = dir.path().join("p").join(source);
+    let changed = std::fs::read_to_string(&path).unwrap() + "\n// changed\n";
+    let changed = if lang == "python" {
+        changed.replace("// changed", "# changed")
+    } else {
+        changed
+    };
+    std::fs::write(&path, changed).unwrap();
+    let rebuilt = tollgate(dir.path(), &["policy", "build", "p"]);
+    assert!(rebuilt.status.success(), "{}", text(&rebuilt));
+    assert!(!text(&rebuilt).contains("reused"));
+    let rebuilt = String::from_utf8_lossy(&rebuilt.stdout).to_string();
+    assert_ne!(
+        line(&rebuilt, "source_sha256"),
+        line(&first, "source_sha256")
+    );
+}
+
+#[test]
+fn a_python_build_is_reused_when_unchanged_and_its_source_digest_is_stable() {
+    reused_and_stable("python", "app.py");
+}
+
+#[test]
+fn a_typescript_build_is_reused_when_unchanged_and_its_source_digest_is_stable() {
+    reused_and_stable("typescript", "policy.ts");
 }
 
 #[test]

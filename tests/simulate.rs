@@ -206,8 +206,8 @@ fn the_command_compares_policies_on_the_same_arrivals_and_writes_its_report() {
     let html = std::fs::read_to_string(out_dir.join("report.html")).unwrap();
     assert_eq!(
         html.matches("<svg").count(),
-        10,
-        "five plots for each of two runs"
+        12,
+        "six plots for each of two runs"
     );
     assert!(
         html.contains("&lt;b&gt;and&lt;/b&gt;"),
@@ -217,7 +217,14 @@ fn the_command_compares_policies_on_the_same_arrivals_and_writes_its_report() {
         !html.contains("src=\"http") && !html.contains("href=\"http"),
         "self-contained"
     );
-    for plot in ["backlog", "waits", "refusals", "token_share", "occupancy"] {
+    for plot in [
+        "backlog",
+        "waits",
+        "refusals",
+        "expirations",
+        "token_share",
+        "occupancy",
+    ] {
         let svg = std::fs::read_to_string(out_dir.join(format!("{plot}-standard.svg"))).unwrap();
         assert!(svg.starts_with("<svg"), "{plot}");
     }
@@ -228,6 +235,59 @@ fn the_command_compares_policies_on_the_same_arrivals_and_writes_its_report() {
         std::fs::read(out_dir.join("summary.json")).unwrap(),
         std::fs::read(again.join("summary.json")).unwrap()
     );
+}
+
+#[test]
+fn plots_are_readable_and_a_single_tenant_gets_no_fairness_plot() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("one.json");
+    std::fs::write(
+        &file,
+        serde_json::json!({
+            "duration_ms": 10000, "seed": 3,
+            "config": {"tenants": {"solo": {"requests": {"capacity": 1000, "refill_per_s": 1000},
+                                            "queue_limit": 1000}}},
+            "tenants": {"solo": {"arrivals": {"kind": "constant", "per_s": 20}, "route": "durable",
+                                 "input_tokens": 10, "max_output_tokens": 10, "deadline_ms": 1500}},
+            "provider": {"concurrency": 2, "base_ms": 400}
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let out_dir = dir.path().join("report");
+    let out = tollgate(&[
+        "simulate",
+        file.to_str().unwrap(),
+        "--out",
+        out_dir.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let html = std::fs::read_to_string(out_dir.join("report.html")).unwrap();
+    assert_eq!(
+        html.matches("<svg").count(),
+        5,
+        "no token share for one tenant"
+    );
+    assert!(!out_dir.join("token_share-standard.svg").exists());
+    // Expirations are plotted: the provider cannot keep up with the deadlines.
+    let summary: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out_dir.join("summary.json")).unwrap()).unwrap();
+    let expired = summary["runs"][0]["overall"]["expired"].as_u64().unwrap();
+    assert!(expired > 0, "jobs expired: {summary}");
+    let svg = std::fs::read_to_string(out_dir.join("expirations-standard.svg")).unwrap();
+    assert!(svg.contains("Expired jobs per tenant"), "{svg}");
+    // Text no smaller than 15 px anywhere in a plot.
+    for size in svg
+        .split("font-size=\"")
+        .skip(1)
+        .map(|rest| rest.split('"').next().unwrap().parse::<f64>().unwrap())
+    {
+        assert!(size >= 15.0, "a font of {size} px");
+    }
 }
 
 #[test]

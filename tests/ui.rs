@@ -53,14 +53,15 @@ fn node_modules() -> PathBuf {
 
 #[test]
 fn the_dashboard_in_headless_chromium_shows_the_servers_numbers() {
-    let screenshot = repo().join("target/ui-dashboard.png");
-    let _ = std::fs::remove_file(&screenshot);
+    let shots = repo().join("target/ui-screenshots");
+    let _ = std::fs::remove_dir_all(&shots);
+    std::fs::create_dir_all(&shots).unwrap();
     let out = Command::new("node")
         .arg(repo().join("tests/ui/dashboard.mjs"))
         .env("TOLLGATE_BIN", env!("CARGO_BIN_EXE_tollgate"))
         .env("UI_NODE_MODULES", node_modules())
         .env("CHROMIUM", chromium())
-        .env("UI_SCREENSHOT", &screenshot)
+        .env("UI_SCREENSHOT_DIR", &shots)
         .env(
             "SWAP_POLICY",
             tollgate::scenario::default_fixtures().join("quiet-hours.wasm"),
@@ -71,6 +72,9 @@ fn the_dashboard_in_headless_chromium_shows_the_servers_numbers() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stdout}\n{stderr}");
     assert!(stdout.contains("decisions seen"), "{stdout}");
-    let png = std::fs::read(&screenshot).expect("a screenshot was saved");
-    assert!(png.starts_with(b"\x89PNG"), "the screenshot is a PNG");
+    for width in [800, 1400, 1900] {
+        let png = std::fs::read(shots.join(format!("dashboard-{width}.png")))
+            .expect("a screenshot was saved at each width");
+        assert!(png.starts_with(b"\x89PNG"), "the screenshot is a PNG");
+    }
 }

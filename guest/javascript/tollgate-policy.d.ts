@@ -1,4 +1,4 @@
-// Types of the tollgate policy SDK for JavaScript and of the world `tollgate:policy@0.2.0`
+// Types of the tollgate policy SDK for JavaScript and of the world `tollgate:policy@0.3.0`
 // as componentize-js presents it: records are objects with camelCase fields, enums are
 // kebab-case strings, variants are `{ tag, val }`, an absent option is `undefined`, and
 // u64/s64 are BigInt (u32 and f64 are numbers).
@@ -126,6 +126,9 @@ export interface Host {
   bucket(kind: BucketKind): BucketLevel | undefined;
   slots(scope: SlotScope): SlotLevel | undefined;
   random(upper: bigint): bigint;
+  /** Words for the caller about this decision's refusal or degradation (at most 256 bytes
+   * kept; the last call wins). */
+  explain(message: string): void;
 }
 
 export const host: Host;

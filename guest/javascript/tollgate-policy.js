@@ -1,6 +1,6 @@
 // The SDK for writing tollgate policies in JavaScript (types in tollgate-policy.d.ts).
 //
-// A policy is a WebAssembly component of the `tollgate:policy/policy@0.2.0` world, built by
+// A policy is a WebAssembly component of the `tollgate:policy/policy@0.3.0` world, built by
 // `tollgate policy build` with jco (componentize-js). It decides; the host reserves. A
 // policy module exports `decide`, made with `policy({...})`: every method it leaves out is
 // the standard rules, so a policy writes only what it changes.
@@ -9,7 +9,7 @@
 // fields, enums are kebab-case strings, variants are `{ tag, val }`, an absent option is
 // `undefined`, and u64/s64 are BigInt (u32 and f64 are numbers).
 
-import * as host from "tollgate:policy/host@0.2.0";
+import * as host from "tollgate:policy/host@0.3.0";
 
 export { host };
 

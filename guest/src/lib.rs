@@ -1,7 +1,7 @@
 //! The SDK for writing tollgate policies in Rust.
 //!
-//! A policy is a WebAssembly component of the `tollgate:policy/policy@0.2.0` world
-//! (`wit/0.2.0/policy.wit`).
+//! A policy is a WebAssembly component of the `tollgate:policy/policy@0.3.0` world
+//! (`wit/0.3.0/policy.wit`).
 //! It decides; the host reserves. Implement [`Policy`] and export it with
 //! [`export_policy!`]. A complete policy, compiled with this repository's tests, is
 //! `policies/fixtures/quiet-hours/src/lib.rs`; `docs/writing-policies.md` walks through it
@@ -20,11 +20,11 @@ pub mod arena;
 #[global_allocator]
 static ALLOCATOR: arena::CallArena = arena::CallArena::new();
 
-/// Bindings generated from `wit/0.2.0/policy.wit`.
+/// Bindings generated from `wit/0.3.0/policy.wit`.
 #[doc(hidden)]
 pub mod bindings {
     wit_bindgen::generate!({
-        path: "../wit/0.2.0",
+        path: "../wit/0.3.0",
         world: "policy",
         pub_export_macro: true,
         export_macro_name: "export_policy_component",

@@ -102,6 +102,12 @@ impl MockHost {
         (out, current.logs)
     }
 
+    /// Runs `f` against this host and returns its answer with what it last `explain`ed.
+    pub fn explained<T>(&self, f: impl FnOnce() -> T) -> (T, Option<String>) {
+        let (out, current) = self.run_current(f);
+        (out, current.explained)
+    }
+
     /// Runs `f` against this host and returns its answer with the number of host calls it
     /// made: each one crosses the sandbox's boundary, so a policy's test can bound them.
     pub fn count_host_calls<T>(&self, f: impl FnOnce() -> T) -> (T, u32) {
@@ -115,6 +121,7 @@ impl MockHost {
                 host: self.clone(),
                 logs: Vec::new(),
                 calls: 0,
+                explained: None,
             })
         });
         let out = f();
@@ -145,6 +152,7 @@ struct Current {
     host: MockHost,
     logs: Vec<(LogLevel, String)>,
     calls: u32,
+    explained: Option<String>,
 }
 
 std::thread_local! {
@@ -211,6 +219,11 @@ pub mod host {
     /// The test's draw, capped at `upper`.
     pub fn random(upper: u64) -> u64 {
         with(|c| c.host.draw.min(upper))
+    }
+
+    /// Keeps the words for the test to read ([`MockHost::explained`]); the last call wins.
+    pub fn explain(message: &str) {
+        with(|c| c.explained = Some(message.to_string()))
     }
 }
 

@@ -52,7 +52,10 @@ class Gateway(unittest.TestCase):
                        "no-tokenizer": {}},
             # A request that can never fit its token bucket is cut to 50 output tokens.
             "policy_params": {"degrade_on_token_shortage": True, "degraded_max_output_tokens": 50,
-                              "exec_ms_per_output_token": 1},
+                              "exec_ms_per_output_token": 1, "shed_model": MODEL},
+            # The standard rules, plus words for the caller: sheddable calls for MODEL are
+            # refused, `tier=free` ones capped at 100 output tokens (policies/fixtures/shed-model).
+            "policy": os.environ["TOLLGATE_SHED_MODEL_POLICY"],
             "gateway": {
                 "upstreams": {"local": {"base_url": f"http://127.0.0.1:{stub_port}/v1",
                                         "api_key_env": "STUB_UPSTREAM_KEY"}},
@@ -229,6 +232,28 @@ class Gateway(unittest.TestCase):
                          f"token_budget: needs {body['requested']} tokens, {left} available in "
                          "tenant.tight.tokens; the budget does not refill, waiting cannot cure it")
         self.assertIn(f"{left} available in tenant.tight.tokens", str(caught.exception))
+
+    def test_a_policys_words_reach_the_caller(self):
+        with self.assertRaises(openai.APIStatusError) as caught:
+            self.client(max_retries=0).chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "shed me"}],
+                extra_headers={"x-tollgate-priority": "sheddable"})
+        e = caught.exception
+        self.assertEqual((e.status_code, e.code), (503, "overloaded"))
+        words = "sheddable work for this model is paused; send it as standard or later"
+        self.assertEqual(e.body["policy_message"], words)
+        self.assertEqual(e.body["message"], f"overloaded: {words}; retry in 5.0 s")
+        self.assertIn(words, str(e))
+        self.assertEqual(self.stub_calls("shed me"), [])
+        # A degradation's words come with the answer.
+        raw = self.client().chat.completions.with_raw_response.create(
+            model=MODEL, max_tokens=500, messages=[{"role": "user", "content": "free please"}],
+            extra_headers={"x-tollgate-labels": "tier=free"})
+        self.assertEqual(raw.parse().choices[0].message.content, stub_upstream.ANSWER)
+        self.assertEqual(raw.headers["x-tollgate-degraded"], "true")
+        self.assertEqual(raw.headers["x-tollgate-policy-message"],
+                         "free tier: output capped at 100 tokens")
+        self.assertEqual(self.stub_calls("free please")[-1]["body"]["max_tokens"], 100)
 
     def test_an_unmeetable_deadline_is_a_client_error_with_its_numbers(self):
         # 5,000 output tokens at 1 ms each cannot finish in a 2 s timeout: the request as sent

@@ -1,7 +1,9 @@
 // The dashboard in a real browser: starts `tollgate serve` ($TOLLGATE_BIN), puts it under
 // load, drives headless Chromium (/usr/bin/chromium through playwright-core) to /ui, logs
 // in with the admin key, checks that the numbers change while the load runs and that they
-// match /v1/admin/inspect once it stops, and saves a screenshot ($UI_SCREENSHOT).
+// match /v1/admin/inspect once it stops, that the charts draw the decisions over time, and
+// that no element is wider than its card at 800, 1,400 and 1,900 px, saving a screenshot
+// at each width ($UI_SCREENSHOT_DIR/dashboard-WIDTH.png).
 import { spawn } from "node:child_process";
 import { createRequire } from "node:module";
 import { mkdtempSync, writeFileSync, rmSync } from "node:fs";
@@ -27,7 +29,8 @@ const config = {
     tokens: { capacity: 10000000, refill_per_s: 1000000 },
     queue_limit: 1000,
   },
-  tenants: { acme: { weight: 2 }, globex: {} },
+  // A long tenant name: its buckets' names are the longest words the cards must hold.
+  tenants: { acme: { weight: 2 }, globex: {}, "research-and-development-eu-west-nightly-batch": {} },
 };
 writeFileSync(join(dir, "tollgate.json"), JSON.stringify(config));
 
@@ -151,7 +154,39 @@ try {
   await page.waitForFunction(() => document.getElementById("policy-status").textContent.startsWith("rolled back"));
   assert.equal((await api("/v1/admin/policy", ADMIN)).body.sha256, inspect.policy.sha256, "rolled back");
 
-  await page.screenshot({ path: process.env.UI_SCREENSHOT || join(dir, "dashboard.png"), fullPage: true });
+  // The charts drew the decisions by outcome over time.
+  const series = await page.$$eval("#chart-decisions polyline", (ls) => ls.map((l) => l.dataset.series));
+  assert.ok(series.includes("accepted") && series.includes("queued"), "decision lines: " + series);
+  const points = await page.$eval('#chart-decisions polyline[data-series="accepted"]',
+    (l) => l.getAttribute("points").trim().split(" ").length);
+  assert.ok(points >= 3, `the accepted line has a point per refresh (${points})`);
+  assert.ok((await page.$$("#chart-queues polyline")).length >= 2, "a queue line per tenant");
+  assert.ok((await page.$$("#chart-levels polyline")).length >= 3, "a token level line per tenant");
+
+  // No element is wider than its card, at three widths.
+  const shots = process.env.UI_SCREENSHOT_DIR || dir;
+  for (const width of [800, 1400, 1900]) {
+    await page.setViewportSize({ width, height: 1000 });
+    const at = await refreshes();
+    await page.waitForFunction((k) => Number(document.getElementById("updated").dataset.refreshes) >= k + 2, at);
+    const overflow = await page.evaluate(() => {
+      const out = [];
+      for (const card of document.querySelectorAll("#dashboard > section")) {
+        const edge = card.getBoundingClientRect().right + 0.5;
+        if (card.scrollWidth > card.clientWidth + 1) out.push(`${card.querySelector("h2").textContent} scrolls`);
+        for (const el of card.querySelectorAll("*")) {
+          const r = el.getBoundingClientRect();
+          if (r.width > 0 && r.right > edge) {
+            out.push(`${el.tagName.toLowerCase()}#${el.id} in "${card.querySelector("h2").textContent}": ${r.right.toFixed(0)} > ${edge.toFixed(0)}`);
+          }
+        }
+      }
+      if (document.documentElement.scrollWidth > window.innerWidth) out.push("the page scrolls sideways");
+      return out;
+    });
+    assert.deepEqual(overflow, [], `nothing overflows its card at ${width} px`);
+    await page.screenshot({ path: join(shots, `dashboard-${width}.png`), fullPage: true });
+  }
   console.log(`dashboard: ${second} decisions seen, queues ${JSON.stringify(queues)}, slots ${JSON.stringify(slots)}`);
 } finally {
   if (browser) await browser.close();

@@ -331,6 +331,15 @@ fn decorate(response: &mut Response, levels: Option<&TenantLevels>, decision: &D
             .headers_mut()
             .insert("x-tollgate-degraded", HeaderValue::from_static("true"));
     }
+    if let Some(v) = decision
+        .policy_message
+        .as_deref()
+        .and_then(|m| HeaderValue::from_bytes(m.as_bytes()).ok())
+    {
+        response
+            .headers_mut()
+            .insert("x-tollgate-policy-message", v);
+    }
 }
 
 fn count(s: &AppState, call: &ChatCall, outcome: &str) {
@@ -365,6 +374,13 @@ fn stream(
         HeaderValue::from_static("text/event-stream"),
     );
     response_head.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    if let Some(v) = decision
+        .policy_message
+        .as_deref()
+        .and_then(|m| HeaderValue::from_bytes(m.as_bytes()).ok())
+    {
+        response_head.insert("x-tollgate-policy-message", v);
+    }
     if decision.degraded == Some(true) {
         response_head.insert("x-tollgate-degraded", HeaderValue::from_static("true"));
     }

@@ -15,7 +15,12 @@ use tollgate::engine::{Answer, Job, SavedAnswer, TenantLevels};
 
 /// The headers an answer is kept with: what its body is. Rate-limit headers are the
 /// tenant's levels at the time of the replay, never the saved ones.
-const KEPT_HEADERS: [&str; 3] = ["content-type", "cache-control", "x-tollgate-degraded"];
+const KEPT_HEADERS: [&str; 4] = [
+    "content-type",
+    "cache-control",
+    "x-tollgate-degraded",
+    "x-tollgate-policy-message",
+];
 
 /// What is kept before the body: its status and headers, one JSON line.
 #[derive(Serialize, Deserialize)]

@@ -1,5 +1,5 @@
-//! `report.html`: one page, no outside assets, the runs side by side (one column each) with
-//! the summary table under their plots.
+//! `report.html`: one page, no outside assets, one run per row: its summary table, then
+//! its plots two to a row, so that any number of runs fits the page's width.
 
 use tollgate::simulate::summary::{Percentiles, TenantSummary};
 use tollgate::simulate::{RunResult, Simulation};
@@ -27,12 +27,13 @@ pub fn page(sim: &Simulation, runs: &[RunResult], plots: &[Vec<(&str, String)>])
     h.push_str(&format!(
         "<!doctype html><html><head><meta charset=\"utf-8\"><title>tollgate simulate: {}</title>\
          <style>body{{font-family:sans-serif;margin:1.5em;color:#222}}\
-         .runs{{display:grid;grid-template-columns:repeat({},minmax(360px,1fr));gap:1em}}\
-         .runs svg{{width:100%;height:auto}}table{{border-collapse:collapse;font-size:0.85em;margin:0.5em 0 1em}}\
+         .run{{border-top:2px solid #ddd;padding-top:0.5em;margin-bottom:1.5em}}\
+         .plots{{display:grid;grid-template-columns:repeat(auto-fit,minmax(min(560px,100%),1fr));gap:1em}}\
+         figure{{margin:0;min-width:0}}.plots svg{{width:100%;height:auto;display:block}}\
+         table{{border-collapse:collapse;font-size:0.9em;margin:0.5em 0 1em}}\
          td,th{{border:1px solid #ccc;padding:2px 6px;text-align:right}}tr th:first-child{{text-align:left;font-weight:normal}}\
          h2{{font-size:1.1em}}</style></head><body>\n",
         escape(&title),
-        runs.len().max(1)
     ));
     h.push_str(&format!("<h1>{}</h1>\n", escape(&title)));
     if let Some(d) = &sim.description {
@@ -59,7 +60,7 @@ pub fn page(sim: &Simulation, runs: &[RunResult], plots: &[Vec<(&str, String)>])
             s.overall.max_service_difference_tokens,
             s.overall.past_deadline,
         ));
-        // One column per tenant, one row per measure: runs stay narrow side by side.
+        // One column per tenant, one row per measure.
         let tenants: Vec<_> = s.tenants.iter().collect();
         h.push_str("<table><tr><th></th>");
         for (name, _) in &tenants {
@@ -94,14 +95,14 @@ pub fn page(sim: &Simulation, runs: &[RunResult], plots: &[Vec<(&str, String)>])
             }
             h.push_str("</tr>\n");
         }
-        h.push_str("</table>\n");
+        h.push_str("</table>\n<div class=\"plots\">\n");
         for (_, svg) in drawn {
             // plotters writes an XML declaration-free <svg> element; inline it as is.
             h.push_str("<figure>");
             h.push_str(svg);
             h.push_str("</figure>\n");
         }
-        h.push_str("</section>\n");
+        h.push_str("</div>\n</section>\n");
     }
     h.push_str("</div>\n</body></html>\n");
     h

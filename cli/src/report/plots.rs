@@ -1,5 +1,7 @@
 //! The simulation's plots, drawn as SVG by plotters: every plot is lines over simulated
 //! seconds, one line per tenant (or per reason), so one drawing routine serves them all.
+//! They are drawn to be read at about 700 px wide (two to a row on a 1,400 px page): text
+//! of 15 to 22 px, thick lines, and no fairness plot for a single tenant.
 
 use plotters::prelude::*;
 use tollgate::simulate::RunResult;
@@ -17,6 +19,12 @@ const COLOURS: [RGBColor; 10] = [
     RGBColor(188, 189, 34),
     RGBColor(23, 190, 207),
 ];
+
+/// Font sizes as plotters takes them, in points: its SVG writes `size / 1.24` px, so these
+/// are 22.6 px titles, 16.1 px axis names and 15.3 px labels and legends.
+const TITLE: u32 = 28;
+const AXIS: u32 = 20;
+const LABEL: u32 = 19;
 
 /// One line of a plot; `None` leaves a gap.
 pub struct Line {
@@ -44,6 +52,7 @@ pub fn all(run: &RunResult, concurrency: u32) -> Vec<(&'static str, String)> {
         let all: u64 = s.tokens.iter().map(|t| t[k]).sum();
         (all > 0).then(|| s.tokens[i][k] as f64 / all as f64)
     });
+    let expired = per_tenant(&|i, k| s.expired.get(i).and_then(|e| e.get(k)).map(|&v| v as f64));
     let refusals: Vec<Line> = s
         .refusals
         .iter()
@@ -60,7 +69,7 @@ pub fn all(run: &RunResult, concurrency: u32) -> Vec<(&'static str, String)> {
         label: "provider concurrency".into(),
         points: vec![Some(concurrency as f64); x.len()],
     });
-    vec![
+    let mut plots = vec![
         (
             "backlog",
             draw("Backlog: queued jobs per tenant", "jobs", &x, &backlog),
@@ -79,6 +88,22 @@ pub fn all(run: &RunResult, concurrency: u32) -> Vec<(&'static str, String)> {
             draw("Refusals per sample, by reason", "refusals", &x, &refusals),
         ),
         (
+            "expirations",
+            draw(
+                "Expired jobs per tenant, so far",
+                "jobs expired",
+                &x,
+                &expired,
+            ),
+        ),
+        (
+            "occupancy",
+            draw("Provider occupancy", "calls", &x, &occupancy),
+        ),
+    ];
+    // A share among tenants says something only when there are several.
+    if run.tenants.len() > 1 {
+        plots.push((
             "token_share",
             draw(
                 "Token share per tenant, so far",
@@ -86,12 +111,9 @@ pub fn all(run: &RunResult, concurrency: u32) -> Vec<(&'static str, String)> {
                 &x,
                 &share,
             ),
-        ),
-        (
-            "occupancy",
-            draw("Provider occupancy", "calls", &x, &occupancy),
-        ),
-    ]
+        ));
+    }
+    plots
 }
 
 /// A line plot over `x` seconds, as SVG text.
@@ -124,15 +146,19 @@ fn plot<DB: DrawingBackend>(
 ) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
     root.fill(&WHITE)?;
     let mut chart = ChartBuilder::on(root)
-        .caption(title, ("sans-serif", 18))
-        .margin(12)
-        .x_label_area_size(36)
-        .y_label_area_size(56)
+        .caption(title, ("sans-serif", TITLE))
+        .margin(14)
+        .x_label_area_size(48)
+        .y_label_area_size(72)
         .build_cartesian_2d(0f64..x_max, 0f64..y_max)?;
     chart
         .configure_mesh()
         .x_desc("simulated seconds")
         .y_desc(y_desc)
+        .label_style(("sans-serif", LABEL))
+        .axis_desc_style(("sans-serif", AXIS))
+        .x_labels(6)
+        .y_labels(6)
         .light_line_style(WHITE.mix(0.0))
         .draw()?;
     for (i, line) in lines.iter().enumerate() {
@@ -148,10 +174,10 @@ fn plot<DB: DrawingBackend>(
         }
         let mut first = true;
         for run in runs.into_iter().filter(|r| !r.is_empty()) {
-            let series = chart.draw_series(LineSeries::new(run, color.stroke_width(2)))?;
+            let series = chart.draw_series(LineSeries::new(run, color.stroke_width(3)))?;
             if std::mem::take(&mut first) {
                 series.label(line.label.clone()).legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
+                    PathElement::new(vec![(x, y), (x + 22, y)], color.stroke_width(3))
                 });
             }
         }
@@ -160,6 +186,7 @@ fn plot<DB: DrawingBackend>(
         chart
             .configure_series_labels()
             .position(SeriesLabelPosition::UpperLeft)
+            .label_font(("sans-serif", LABEL))
             .background_style(WHITE.mix(0.85))
             .border_style(BLACK.mix(0.3))
             .draw()?;

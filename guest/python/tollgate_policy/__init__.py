@@ -1,6 +1,6 @@
 """The SDK for writing tollgate policies in Python.
 
-A policy is a WebAssembly component of the ``tollgate:policy/policy@0.2.0`` world, built by
+A policy is a WebAssembly component of the ``tollgate:policy/policy@0.3.0`` world, built by
 ``tollgate policy build`` with componentize-py. It decides; the host reserves. Subclass
 :class:`Policy` in the project's ``app.py`` as a class named ``Decide``: every method has the
 standard rules as its default, so a policy overrides only what it changes.

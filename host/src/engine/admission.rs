@@ -112,6 +112,13 @@ impl Decision {
         self
     }
 
+    /// The same refusal, with the policy's own words.
+    fn with_policy_message(mut self, message: Option<String>) -> Self {
+        self.policy_message = message;
+        self.explain();
+        self
+    }
+
     /// Writes the message again from the reason, shortfall, policy message and retry-after.
     fn explain(&mut self) {
         if let Some(reason) = self.reason {
@@ -193,6 +200,8 @@ pub(super) struct Planned {
     cost: u64,
     estimated_exec_ms: u64,
     reservation: super::budgets::Reservation,
+    /// What the policy said of its plan (a degradation's reason, say).
+    policy_message: Option<String>,
 }
 
 impl Planned {
@@ -302,6 +311,7 @@ impl<S: Store> Engine<S> {
             cost,
             estimated_exec_ms,
             reservation,
+            policy_message,
         } = planned;
         let taken = reservation.apply(tx)?;
 
@@ -358,7 +368,10 @@ impl<S: Store> Engine<S> {
             Route::Interactive => Outcome::Accepted,
             Route::Durable => Outcome::Queued,
         };
-        Ok(Decision::about(outcome, &op))
+        Ok(Decision {
+            policy_message,
+            ..Decision::about(outcome, &op)
+        })
     }
 
     /// What `policy` and the host's checks make of a fresh admission, reading `tx` but
@@ -379,27 +392,30 @@ impl<S: Store> Engine<S> {
             d.policy = Some(digest.clone());
             d
         };
-        let plan = match policy.admit(view, guest_req) {
+        let (plan, words) = match policy.admit_explained(view, guest_req) {
             Err(_fault) => {
                 return Ok(Err(with_policy(Decision::rejected(
                     Reason::PolicyError,
                     None,
                 ))))
             }
-            Ok(Admission::Refuse(r)) => {
+            Ok((Admission::Refuse(r), words)) => {
                 let reason = refusal_reason(r.reason);
                 let retry_after = if reason == Reason::TooLarge {
                     None
                 } else {
                     r.retry_after_ms.map(bounded_estimate)
                 };
-                return Ok(Err(with_policy(Decision::rejected(reason, retry_after))));
+                let refused = Decision::rejected(reason, retry_after).with_policy_message(words);
+                return Ok(Err(with_policy(refused)));
             }
-            Ok(Admission::Admit(mut plan)) => {
+            Ok((Admission::Admit(mut plan), words)) => {
                 plan.busy_retry_after_ms = plan.busy_retry_after_ms.map(bounded_estimate);
-                plan
+                (plan, words)
             }
         };
+        // The policy's words go with whatever the host's checks answer.
+        let with_policy = |d: Decision| with_policy(d).with_policy_message(words.clone());
         // A plan may reduce the request, never raise it; durable work is never degraded.
         let plan_ok = plan.max_output_tokens >= 1
             && plan.max_output_tokens <= req.max_output_tokens
@@ -493,6 +509,7 @@ impl<S: Store> Engine<S> {
             cost,
             estimated_exec_ms: plan.estimated_exec_ms,
             reservation,
+            policy_message: words,
         }))
     }
 }

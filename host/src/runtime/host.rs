@@ -42,6 +42,8 @@ pub(super) struct HostState {
     host_calls_left: u32,
     log_lines_left: u32,
     log: LogContext,
+    /// What the policy `explain`ed in this call (world 0.3.0), bounded.
+    explanation: Option<String>,
 }
 
 impl HostState {
@@ -53,7 +55,21 @@ impl HostState {
             host_calls_left: HOST_CALLS_PER_CALL,
             log_lines_left: LOG_LINES_PER_CALL,
             log,
+            explanation: None,
         }
+    }
+
+    /// `explain`: keeps the words (the last call wins), bounded; never fails the guest
+    /// beyond counting as a host call.
+    pub(super) fn explain(&mut self, message: &str) -> wasmtime::Result<()> {
+        self.host_call()?;
+        self.explanation = crate::explain::bounded_policy_message(message);
+        Ok(())
+    }
+
+    /// What the policy explained in this call, taken.
+    pub(super) fn take_explanation(&mut self) -> Option<String> {
+        self.explanation.take()
     }
 
     /// Counts one host call, trapping the guest once its budget is spent.

@@ -11,8 +11,8 @@ use wasmtime::component::{
 };
 use wasmtime::{Engine, Store, StoreLimitsBuilder};
 
-/// The newest world, `tollgate:policy@0.2.0`: the host decides with its types, and older
-/// worlds are adapted to it (`world_v1`).
+/// The world `tollgate:policy@0.2.0`: the host decides with its types, the older world is
+/// adapted to it (`world_v1`), and the newest (`world_v3`, 0.3.0) shares them.
 #[allow(missing_docs)]
 mod bindings {
     wasmtime::component::bindgen!({
@@ -38,6 +38,7 @@ mod host;
 mod sealed_wasi;
 mod view;
 mod world_v1;
+mod world_v3;
 
 pub use compiled_cache::CompiledCache;
 pub use digest::{hex, PolicyDigest};
@@ -52,6 +53,8 @@ pub enum WorldVersion {
     V0_1,
     /// `tollgate:policy@0.2.0`.
     V0_2,
+    /// `tollgate:policy@0.3.0`: 0.2.0 with the `explain` import.
+    V0_3,
 }
 
 impl WorldVersion {
@@ -60,6 +63,7 @@ impl WorldVersion {
         match self {
             WorldVersion::V0_1 => "0.1.0",
             WorldVersion::V0_2 => "0.2.0",
+            WorldVersion::V0_3 => "0.3.0",
         }
     }
 }
@@ -161,7 +165,7 @@ pub enum LoadError {
     #[error("not a valid component: {0}")]
     Compile(String),
     /// A component of another world: a missing or mistyped import or export.
-    #[error("component does not satisfy a tollgate:policy world (0.2.0 or 0.1.0): {0}")]
+    #[error("component does not satisfy a tollgate:policy world (0.3.0, 0.2.0 or 0.1.0): {0}")]
     World(String),
     /// Its self-check failed, with its message.
     #[error("policy self-check failed: {0}")]
@@ -273,6 +277,7 @@ impl Runtime {
         let mut linker = Linker::new(&engine);
         Policy::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
         world_v1::Policy::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
+        world_v3::Policy::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
         sealed_wasi::add_to_linker(&mut linker)?;
         Ok(Runtime {
             engine,
@@ -308,11 +313,10 @@ impl Runtime {
         let component = self.compile(&digest, bytes)?;
         // The world is the one whose `decide` the component exports; without either, the
         // newest world's checks name what is missing.
-        let world = if component
-            .get_export_index(None, world_v1::DECIDE_EXPORT)
-            .is_some()
-            && component.get_export_index(None, DECIDE_EXPORT).is_none()
-        {
+        let exports = |name| component.get_export_index(None, name).is_some();
+        let world = if exports(world_v3::DECIDE_EXPORT) {
+            WorldVersion::V0_3
+        } else if exports(world_v1::DECIDE_EXPORT) && !exports(DECIDE_EXPORT) {
             WorldVersion::V0_1
         } else {
             WorldVersion::V0_2
@@ -330,6 +334,10 @@ impl Runtime {
             WorldVersion::V0_2 => (
                 Pre::V0_2(PolicyPre::new(instance_pre).map_err(world_error)?),
                 DECIDE_EXPORT,
+            ),
+            WorldVersion::V0_3 => (
+                Pre::V0_3(world_v3::PolicyPre::new(instance_pre).map_err(world_error)?),
+                world_v3::DECIDE_EXPORT,
             ),
         };
         let export = |name: &str| {
@@ -360,6 +368,7 @@ impl Runtime {
         let info = policy
             .call(
                 view,
+                |p, s| p.tollgate_policy_decide().call_describe(s),
                 |p, s| p.tollgate_policy_decide().call_describe(s),
                 |p, s| {
                     let info = p.tollgate_policy_decide().call_describe(s)?;
@@ -438,6 +447,14 @@ pub trait Decider: Send + Sync {
     }
     /// Plans or refuses one admission.
     fn admit(&self, view: DecisionView, req: &Request) -> Result<Admission, PolicyFault>;
+    /// As [`Decider::admit`], with the words the policy gave the caller about it, if any.
+    fn admit_explained(
+        &self,
+        view: DecisionView,
+        req: &Request,
+    ) -> Result<(Admission, Option<String>), PolicyFault> {
+        self.admit(view, req).map(|a| (a, None))
+    }
     /// Retries or gives up after a failure.
     fn on_failure(
         &self,
@@ -461,6 +478,13 @@ impl Decider for LoadedPolicy {
     fn admit(&self, view: DecisionView, req: &Request) -> Result<Admission, PolicyFault> {
         LoadedPolicy::admit(self, view, req)
     }
+    fn admit_explained(
+        &self,
+        view: DecisionView,
+        req: &Request,
+    ) -> Result<(Admission, Option<String>), PolicyFault> {
+        LoadedPolicy::admit_explained(self, view, req)
+    }
     fn on_failure(
         &self,
         view: DecisionView,
@@ -480,6 +504,7 @@ const DECIDE_EXPORT: &str = "tollgate:policy/decide@0.2.0";
 enum Pre {
     V0_1(world_v1::PolicyPre<HostState>),
     V0_2(PolicyPre<HostState>),
+    V0_3(world_v3::PolicyPre<HostState>),
 }
 
 impl Pre {
@@ -487,6 +512,7 @@ impl Pre {
         match self {
             Pre::V0_1(p) => p.instance_pre(),
             Pre::V0_2(p) => p.instance_pre(),
+            Pre::V0_3(p) => p.instance_pre(),
         }
     }
 }
@@ -526,6 +552,7 @@ impl LoadedPolicy {
     fn call<T>(
         &self,
         view: DecisionView,
+        v3: impl FnOnce(&world_v3::Policy, &mut Store<HostState>) -> wasmtime::Result<T>,
         v2: impl FnOnce(&Policy, &mut Store<HostState>) -> wasmtime::Result<T>,
         v1: impl FnOnce(&world_v1::Policy, &mut Store<HostState>) -> wasmtime::Result<T>,
     ) -> Result<T, PolicyFault> {
@@ -533,6 +560,10 @@ impl LoadedPolicy {
             let mut store = self.store(view, String::new())?;
             let instantiation = |e: wasmtime::Error| PolicyFault::of("instantiation: ", &e);
             let result = match &self.pre {
+                Pre::V0_3(pre) => {
+                    let instance = pre.instantiate(&mut store).map_err(instantiation)?;
+                    v3(&instance, &mut store)
+                }
                 Pre::V0_2(pre) => {
                     let instance = pre.instantiate(&mut store).map_err(instantiation)?;
                     v2(&instance, &mut store)
@@ -579,15 +610,16 @@ impl LoadedPolicy {
         Ok(store)
     }
 
-    /// Calls one export of `decide` in a fresh instance. `P` and `R` must be the export's
-    /// parameter and result types as the bindings spell them.
+    /// Calls one export of `decide` in a fresh instance, with what the policy `explain`ed
+    /// during the call. `P` and `R` must be the export's parameter and result types as the
+    /// bindings spell them.
     fn call_export<P, R>(
         &self,
         view: DecisionView,
         key: &str,
         export: &ComponentExportIndex,
         params: P,
-    ) -> Result<R, PolicyFault>
+    ) -> Result<(R, Option<String>), PolicyFault>
     where
         P: ComponentNamedList + Lower,
         R: ComponentNamedList + Lift,
@@ -608,22 +640,41 @@ impl LoadedPolicy {
             let typed = unsafe { TypedFunc::<P, R>::new_unchecked(func) };
             let result = typed.call(&mut store, params);
             store.data_mut().flush_output();
-            result.map_err(|e| PolicyFault::of("", &e))
+            let words = store.data_mut().take_explanation();
+            result
+                .map(|r| (r, words))
+                .map_err(|e| PolicyFault::of("", &e))
         })
     }
 
     /// Plans or refuses one admission, in a fresh instance.
     pub fn admit(&self, view: DecisionView, req: &Request) -> Result<Admission, PolicyFault> {
+        self.admit_explained(view, req).map(|(a, _)| a)
+    }
+
+    /// As [`LoadedPolicy::admit`], with the words the policy gave for it (world 0.3.0's
+    /// `explain`; none for older worlds).
+    pub fn admit_explained(
+        &self,
+        view: DecisionView,
+        req: &Request,
+    ) -> Result<(Admission, Option<String>), PolicyFault> {
         Ok(match self.world {
-            WorldVersion::V0_2 => {
-                self.call_export::<(&Request,), (Admission,)>(view, &req.key, &self.admit, (req,))?
-                    .0
+            // 0.3.0's records are 0.2.0's.
+            WorldVersion::V0_2 | WorldVersion::V0_3 => {
+                let ((admission,), words) = self.call_export::<(&Request,), (Admission,)>(
+                    view,
+                    &req.key,
+                    &self.admit,
+                    (req,),
+                )?;
+                (admission, words)
             }
             WorldVersion::V0_1 => {
                 let old = world_v1::request(req);
-                let (admission,) =
+                let ((admission,), _) =
                     self.call_export::<(&_,), (_,)>(view, &req.key, &self.admit, (&old,))?;
-                world_v1::admission(admission)
+                (world_v1::admission(admission), None)
             }
         })
     }
@@ -635,7 +686,7 @@ impl LoadedPolicy {
         report: &FailureReport,
     ) -> Result<RetryDecision, PolicyFault> {
         Ok(match self.world {
-            WorldVersion::V0_2 => {
+            WorldVersion::V0_2 | WorldVersion::V0_3 => {
                 self.call_export::<(&FailureReport,), (RetryDecision,)>(
                     view,
                     &report.key,
@@ -643,10 +694,11 @@ impl LoadedPolicy {
                     (report,),
                 )?
                 .0
+                 .0
             }
             WorldVersion::V0_1 => {
                 let old = world_v1::failure_report(report);
-                let (decision,) =
+                let ((decision,), _) =
                     self.call_export::<(&_,), (_,)>(view, &report.key, &self.on_failure, (&old,))?;
                 world_v1::retry_decision(decision)
             }
@@ -657,6 +709,7 @@ impl LoadedPolicy {
     pub fn self_check(&self, view: DecisionView) -> Result<Result<(), String>, PolicyFault> {
         let verdict = self.call(
             view,
+            |p, s| p.tollgate_policy_decide().call_self_check(s),
             |p, s| p.tollgate_policy_decide().call_self_check(s),
             |p, s| p.tollgate_policy_decide().call_self_check(s),
         )?;
@@ -904,27 +957,34 @@ mod tests {
         }
     }
 
-    /// A component this repository keeps as built for world 0.1.0.
-    fn world_v1(name: &str) -> Vec<u8> {
+    /// A component this repository keeps as built for an earlier world (`0.1.0`, `0.2.0`).
+    fn kept(world: &str, name: &str) -> Vec<u8> {
         let path = format!(
-            "{}/../policies/fixtures/world-0.1.0/{name}.wasm",
+            "{}/../policies/fixtures/world-{world}/{name}.wasm",
             env!("CARGO_MANIFEST_DIR")
         );
         std::fs::read(path).unwrap()
     }
 
+    fn world_v1(name: &str) -> Vec<u8> {
+        kept("0.1.0", name)
+    }
+
     #[test]
-    fn components_of_both_worlds_load_and_decide_alike() {
+    fn components_of_every_world_load_and_decide_alike() {
         let rt = Runtime::new().unwrap();
         let old = rt
             .load(&world_v1("standard"), PolicyLimits::DEFAULT)
+            .unwrap();
+        let v2 = rt
+            .load(&kept("0.2.0", "standard"), PolicyLimits::DEFAULT)
             .unwrap();
         let new = rt
             .load(builtin::get("standard").unwrap(), PolicyLimits::DEFAULT)
             .unwrap();
         assert_eq!(
-            (old.world, new.world),
-            (WorldVersion::V0_1, WorldVersion::V0_2)
+            (old.world, v2.world, new.world),
+            (WorldVersion::V0_1, WorldVersion::V0_2, WorldVersion::V0_3)
         );
         assert_eq!(old.info.name, "standard");
         let mut view = DecisionView::scratch(Arc::default());
@@ -942,6 +1002,10 @@ mod tests {
         let a = old.admit(view.clone(), &req).unwrap();
         let b = new.admit(view.clone(), &req).unwrap();
         assert_eq!(format!("{a:?}"), format!("{b:?}"));
+        assert_eq!(
+            format!("{:?}", v2.admit(view.clone(), &req).unwrap()),
+            format!("{b:?}")
+        );
         assert!(matches!(a, Admission::Admit(p) if p.max_output_tokens == 256));
         let report = FailureReport {
             tenant: "acme".into(),
@@ -960,6 +1024,8 @@ mod tests {
         let a = old.on_failure(view.clone(), &report).unwrap();
         let b = new.on_failure(view.clone(), &report).unwrap();
         assert_eq!(format!("{a:?}"), format!("{b:?}"));
+        let c = v2.on_failure(view.clone(), &report).unwrap();
+        assert_eq!(format!("{c:?}"), format!("{b:?}"));
         // An old module's traps still fail closed.
         let faulty = rt.load(&world_v1("faulty"), PolicyLimits::DEFAULT).unwrap();
         assert!(faulty.admit(view, &request("trap-1")).is_err());

@@ -199,6 +199,7 @@ pub fn run<S: Store>(
             backlog: vec![Vec::new(); n],
             wait_ms: vec![Vec::new(); n],
             tokens: vec![Vec::new(); n],
+            expired: vec![Vec::new(); n],
             backlogged: vec![Vec::new(); n],
             ..Series::default()
         },
@@ -644,6 +645,7 @@ impl<'a, S: Store> Sim<'a, S> {
             let (sum, count) = std::mem::take(&mut self.interval_waits[i]);
             self.series.wait_ms[i].push((count > 0).then(|| sum / count as f64));
             self.series.tokens[i].push(self.tallies[i].tokens);
+            self.series.expired[i].push(self.tallies[i].expired);
             let refused = std::mem::take(&mut self.interval_refused[i]);
             self.series.backlogged[i].push(depth > 0 || refused);
         }

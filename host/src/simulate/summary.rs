@@ -17,6 +17,8 @@ pub struct Series {
     pub refusals: BTreeMap<String, Vec<u64>>,
     /// Tokens served so far, per tenant.
     pub tokens: Vec<Vec<u64>>,
+    /// Durable jobs expired (their deadline could no longer be met) so far, per tenant.
+    pub expired: Vec<Vec<u64>>,
     /// Provider calls in flight at each sample.
     pub occupancy: Vec<u32>,
     /// Whether each tenant had unserved demand (queued, or refused since the last sample).

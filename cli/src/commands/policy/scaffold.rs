@@ -18,7 +18,7 @@ impl File {
 }
 
 /// The Rust project: the templates of `cli/templates/rust/` and the SDK of `guest/` with
-/// the world of `wit/0.2.0/`, as this build of tollgate carries them.
+/// the world of `wit/0.3.0/`, as this build of tollgate carries them.
 const RUST: &[File] = &[
     File {
         path: "Cargo.toml",
@@ -70,13 +70,13 @@ const RUST: &[File] = &[
         text: include_str!("../../../../guest/src/testing.rs"),
     },
     File {
-        path: "wit/0.2.0/policy.wit",
-        text: include_str!("../../../../wit/0.2.0/policy.wit"),
+        path: "wit/0.3.0/policy.wit",
+        text: include_str!("../../../../wit/0.3.0/policy.wit"),
     },
 ];
 
 /// The Python project: the templates of `cli/templates/python/` and the SDK of
-/// `guest/python/` with the world of `wit/0.2.0/`.
+/// `guest/python/` with the world of `wit/0.3.0/`.
 const PYTHON: &[File] = &[
     File {
         path: "app.py",
@@ -107,8 +107,8 @@ const PYTHON: &[File] = &[
         text: include_str!("../../../../guest/python/tollgate_policy/standard.py"),
     },
     File {
-        path: "wit/0.2.0/policy.wit",
-        text: include_str!("../../../../wit/0.2.0/policy.wit"),
+        path: "wit/0.3.0/policy.wit",
+        text: include_str!("../../../../wit/0.3.0/policy.wit"),
     },
 ];
 
@@ -178,8 +178,8 @@ const JAVASCRIPT_SDK: &[File] = &[
         text: include_str!("../../../../guest/javascript/tollgate-policy.d.ts"),
     },
     File {
-        path: "wit/0.2.0/policy.wit",
-        text: include_str!("../../../../wit/0.2.0/policy.wit"),
+        path: "wit/0.3.0/policy.wit",
+        text: include_str!("../../../../wit/0.3.0/policy.wit"),
     },
 ];
 

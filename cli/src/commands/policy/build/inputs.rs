@@ -80,6 +80,42 @@ pub fn record(component: &Path, digest: &str) {
     let _ = std::fs::write(stamp_path(component), format!("{digest}\n"));
 }
 
+/// The custom section a built component carries its source digest in.
+pub const SOURCE_SECTION: &str = "tollgate-source-sha256";
+
+/// Appends the custom section [`SOURCE_SECTION`] holding `digest` to the component file at
+/// `component` (a custom section may follow any section of a component).
+pub fn embed(component: &Path, digest: &str) -> Result<(), String> {
+    let mut bytes =
+        std::fs::read(component).map_err(|e| format!("{}: {e}", component.display()))?;
+    bytes.extend(custom_section(SOURCE_SECTION, digest.as_bytes()));
+    std::fs::write(component, bytes).map_err(|e| format!("{}: {e}", component.display()))
+}
+
+/// A custom section: id 0, its size, the name (length-prefixed) and the payload.
+fn custom_section(name: &str, payload: &[u8]) -> Vec<u8> {
+    let mut body = leb128(name.len() as u64);
+    body.extend_from_slice(name.as_bytes());
+    body.extend_from_slice(payload);
+    let mut out = vec![0u8];
+    out.extend(leb128(body.len() as u64));
+    out.extend(body);
+    out
+}
+
+fn leb128(mut n: u64) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let byte = (n & 0x7f) as u8;
+        n >>= 7;
+        if n == 0 {
+            out.push(byte);
+            return out;
+        }
+        out.push(byte | 0x80);
+    }
+}
+
 /// Forgets what made `component`, before a build that may fail halfway.
 pub fn forget(component: &Path) {
     let _ = std::fs::remove_file(stamp_path(component));

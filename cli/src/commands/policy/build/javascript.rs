@@ -1,5 +1,6 @@
 //! A JavaScript project: `policy.js` exporting `decide`, built by componentize-js (the
-//! builder `jco componentize` wraps) against the project's `wit/0.2.0`.
+//! builder `jco componentize` wraps) against the project's world (`wit/0.3.0`, or an
+//! earlier project's `wit/0.2.0`).
 //!
 //! The component leaves out WASI's HTTP client (`fetch`): a policy has no network, and the
 //! sealed host does not offer it. componentize-js reads the sources from inside its own
@@ -28,11 +29,11 @@ await writeFile(out, component);
 
 /// Builds the JavaScript project in `dir` into `path` (both absolute).
 pub fn build(dir: &Path, path: &Path, reuse: Reuse) -> Result<Built, String> {
-    check_layout(dir, "sdk/tollgate-policy.js")?;
+    let world = check_layout(dir, "sdk/tollgate-policy.js")?;
     let modules = node_modules(dir, &[PACKAGE])?;
     reusing(dir, path, &toolchain(&modules, &[PACKAGE]), reuse, || {
         let stage = Stage::of(dir)?;
-        componentize(&modules, &stage, path)
+        componentize(&modules, &stage, world, path)
     })
 }
 
@@ -51,8 +52,14 @@ pub fn toolchain(modules: &Path, packages: &[&str]) -> String {
     id
 }
 
-/// Makes the component of the staged `policy.js` with componentize-js from `modules`.
-pub fn componentize(modules: &Path, stage: &Stage, path: &Path) -> Result<Built, String> {
+/// Makes the component of the staged `policy.js` with componentize-js from `modules`,
+/// against the world in the stage's `world` folder.
+pub fn componentize(
+    modules: &Path,
+    stage: &Stage,
+    world: &str,
+    path: &Path,
+) -> Result<Built, String> {
     let entry =
         entry_in(modules).ok_or_else(|| format!("no {PACKAGE} in {}", modules.display()))?;
     let mut command = Command::new("node");
@@ -61,7 +68,7 @@ pub fn componentize(modules: &Path, stage: &Stage, path: &Path) -> Result<Built,
         .args(["--input-type=module", "-e", BUILD])
         .arg(format!("file://{}", entry.display()))
         .arg(stage.0.join(SOURCE))
-        .arg(stage.0.join("wit/0.2.0"))
+        .arg(stage.0.join(world))
         .arg(path);
     run(command, "componentize-js (node)")?;
     finish(path)

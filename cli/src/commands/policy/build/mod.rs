@@ -25,6 +25,9 @@ pub struct Built {
     pub world: String,
     pub sha256: String,
     pub name: String,
+    /// For an interpreted project: the SHA-256 of what it was built from, stable where the
+    /// component's own bytes are not ([`inputs`]).
+    pub source_sha256: Option<String>,
 }
 
 impl Built {
@@ -34,6 +37,9 @@ impl Built {
         println!("size\t{} bytes", self.size);
         println!("world\ttollgate:policy@{}", self.world);
         println!("sha256\t{}", self.sha256);
+        if let Some(s) = &self.source_sha256 {
+            println!("source_sha256\t{s}");
+        }
         println!("policy\t{}", self.name);
     }
 }
@@ -92,13 +98,22 @@ fn reusing(
                 "{}: sources, SDK and toolchain unchanged since the last build: reused",
                 path.display()
             );
-            return finish(path);
+            return Ok(Built {
+                source_sha256: digest,
+                ..finish(path)?
+            });
         }
     }
     inputs::forget(path);
-    let built = make()?;
+    let mut built = make()?;
     if let Some(d) = digest {
+        // The component carries the digest of its sources, for whoever reads it later.
+        inputs::embed(path, &d)?;
         inputs::record(path, &d);
+        built = Built {
+            source_sha256: Some(d),
+            ..finish(path)?
+        };
     }
     Ok(built)
 }
@@ -119,18 +134,30 @@ fn output_path(dir: &Path, out: Option<&Path>) -> Result<PathBuf, String> {
     Ok(path)
 }
 
+/// The worlds a project may build against, newest first: a project made by an earlier
+/// release carries an earlier world (and an SDK for it), and keeps building against it.
+const WORLDS: [&str; 2] = ["wit/0.3.0", "wit/0.2.0"];
+
 /// The world and SDK a Python or JavaScript project builds against, which `policy new`
-/// writes into it.
-fn check_layout(dir: &Path, sdk: &str) -> Result<(), String> {
-    for needed in ["wit/0.2.0/policy.wit", sdk] {
-        if !dir.join(needed).exists() {
-            return Err(format!(
-                "{}: missing {needed} (`tollgate policy new` writes it into a project)",
-                dir.display()
-            ));
-        }
+/// writes into it: the world's folder, relative to the project.
+fn check_layout(dir: &Path, sdk: &str) -> Result<&'static str, String> {
+    let world = WORLDS
+        .into_iter()
+        .find(|w| dir.join(w).join("policy.wit").is_file())
+        .ok_or_else(|| {
+            format!(
+                "{}: missing {}/policy.wit (`tollgate policy new` writes it into a project)",
+                dir.display(),
+                WORLDS[0]
+            )
+        })?;
+    if !dir.join(sdk).exists() {
+        return Err(format!(
+            "{}: missing {sdk} (`tollgate policy new` writes it into a project)",
+            dir.display()
+        ));
     }
-    Ok(())
+    Ok(world)
 }
 
 /// `relative` in the build folder this `tollgate` runs from (`target/` of a checkout), where
@@ -178,5 +205,6 @@ pub fn describe(path: &Path, component: &[u8]) -> Result<Built, String> {
         world: loaded.world.to_string(),
         sha256: hex(&Sha256::digest(component)),
         name: format!("{} {}", loaded.info.name, loaded.info.version),
+        source_sha256: None,
     })
 }

@@ -1,5 +1,6 @@
 //! A Python project: `app.py` with a class `Decide`, built by componentize-py against the
-//! project's `wit/0.2.0` with its `sdk/` on the module path.
+//! project's world (`wit/0.3.0`, or an earlier project's `wit/0.2.0`) with its `sdk/` on
+//! the module path.
 
 use super::{beside_executable, check_layout, finish, reusing, run, Built, Reuse};
 use std::path::{Path, PathBuf};
@@ -12,7 +13,7 @@ const COMPONENTIZE_PY: &str = "componentize-py==0.25.1";
 
 /// Builds the Python project in `dir` into `path` (both absolute).
 pub fn build(dir: &Path, path: &Path, reuse: Reuse) -> Result<Built, String> {
-    check_layout(dir, "sdk/tollgate_policy/__init__.py")?;
+    let world = check_layout(dir, "sdk/tollgate_policy/__init__.py")?;
     let tool = componentize_py(dir)?;
     let version = Command::new(&tool)
         .arg("--version")
@@ -24,11 +25,7 @@ pub fn build(dir: &Path, path: &Path, reuse: Reuse) -> Result<Built, String> {
         let mut command = Command::new(&tool);
         command
             .current_dir(dir)
-            // Python's string hashing is seeded at random unless told otherwise, and the
-            // component holds the interpreter's initialised heap: a fixed seed makes the
-            // same sources build to the same bytes.
-            .env("PYTHONHASHSEED", "0")
-            .args(["-d", "wit/0.2.0", "-w", "policy", "componentize"])
+            .args(["-d", world, "-w", "policy", "componentize"])
             .args(["-p", "sdk", "-p", ".", "app", "-o"])
             .arg(path);
         run(command, "componentize-py")?;

@@ -15,7 +15,7 @@ const COMPILER: &str = "typescript";
 
 /// Builds the TypeScript project in `dir` into `path` (both absolute).
 pub fn build(dir: &Path, path: &Path, reuse: Reuse) -> Result<Built, String> {
-    check_layout(dir, "sdk/tollgate-policy.d.ts")?;
+    let world = check_layout(dir, "sdk/tollgate-policy.d.ts")?;
     if !dir.join("tsconfig.json").is_file() {
         return Err(format!(
             "{}: no tsconfig.json, which says how the compiler checks {SOURCE} \
@@ -27,12 +27,13 @@ pub fn build(dir: &Path, path: &Path, reuse: Reuse) -> Result<Built, String> {
     let modules = javascript::node_modules(dir, &packages)?;
     let toolchain = javascript::toolchain(&modules, &packages);
     reusing(dir, path, &toolchain, reuse, || {
-        compile(dir, &modules, path)
+        compile(dir, &modules, world, path)
     })
 }
 
-/// Type-checks and compiles a staged copy of `dir`, then builds it as JavaScript.
-fn compile(dir: &Path, modules: &Path, path: &Path) -> Result<Built, String> {
+/// Type-checks and compiles a staged copy of `dir`, then builds it as JavaScript against
+/// `world`.
+fn compile(dir: &Path, modules: &Path, world: &str, path: &Path) -> Result<Built, String> {
     let stage = Stage::of(dir)?;
     // Whatever `policy.js` the project holds is not what is built: the compiler's is.
     let _ = std::fs::remove_file(stage.0.join(javascript::SOURCE));
@@ -49,5 +50,5 @@ fn compile(dir: &Path, modules: &Path, path: &Path) -> Result<Built, String> {
             javascript::SOURCE
         ));
     }
-    javascript::componentize(modules, &stage, path)
+    javascript::componentize(modules, &stage, world, path)
 }
