@@ -261,7 +261,18 @@ fn tenants_and_keys_are_made_at_run_time_and_kept_across_restarts() {
     assert!(ok && !out.contains("initech"), "{out}");
 
     // The last admin key cannot be revoked.
-    let admin_id = send(&s, "GET", "/v1/admin/keys", ADMIN, None).1["keys"]
+    let (status, answer) = revoke_the_admin_key(&s);
+    assert_eq!(
+        (status, answer["reason"].as_str()),
+        (409, Some("owned_by_configuration")),
+        "{answer}"
+    );
+    assert!(s.stop().success());
+}
+
+/// Revokes the (only) admin key through the API: the status and the answer.
+fn revoke_the_admin_key(s: &Server) -> (u16, Value) {
+    let admin_id = send(s, "GET", "/v1/admin/keys", ADMIN, None).1["keys"]
         .as_array()
         .unwrap()
         .iter()
@@ -270,19 +281,13 @@ fn tenants_and_keys_are_made_at_run_time_and_kept_across_restarts() {
         .as_str()
         .unwrap()
         .to_string();
-    let (status, answer) = send(
-        &s,
+    send(
+        s,
         "DELETE",
         &format!("/v1/admin/keys/{admin_id}"),
         ADMIN,
         None,
-    );
-    assert_eq!(
-        (status, answer["reason"].as_str()),
-        (409, Some("owned_by_configuration")),
-        "{answer}"
-    );
-    assert!(s.stop().success());
+    )
 }
 
 fn tenant_config(s: &Server, name: &str) -> (u16, Value) {
@@ -378,22 +383,7 @@ fn the_file_is_applied_at_every_start_beside_what_the_api_made() {
     );
     assert_eq!(status, 200, "{answer}");
     assert_eq!(tenant_config(&s, "acme").1, json!({"weight": 3}));
-    let admin_id = send(&s, "GET", "/v1/admin/keys", ADMIN, None).1["keys"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|k| k["role"] == "admin")
-        .unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let (status, answer) = send(
-        &s,
-        "DELETE",
-        &format!("/v1/admin/keys/{admin_id}"),
-        ADMIN,
-        None,
-    );
+    let (status, answer) = revoke_the_admin_key(&s);
     assert_eq!(
         (status, answer["reason"].as_str()),
         (409, Some("last_admin_key"))

@@ -173,16 +173,19 @@ fn components_built_for_worlds_0_1_0_and_0_2_0_are_checked_and_decide_as_before(
     assert!(text(&check).contains("\tworld 0.1.0\t"), "{}", text(&check));
     // Every public scenario, decided by the old component through the 0.1.0 adapter.
     let scenarios = repo.join("tests/scenarios");
-    let run = tollgate(
-        dir.path(),
-        &[
+    let conformance = |policy: &Path| {
+        let args = [
             "conformance",
             "run",
             scenarios.to_str().unwrap(),
             "--policy",
-            old.to_str().unwrap(),
-        ],
-    );
+        ];
+        tollgate(
+            dir.path(),
+            &[&args[..], &[policy.to_str().unwrap()]].concat(),
+        )
+    };
+    let run = conformance(&old);
     let out = text(&run);
     // Only the scenario of this release's priority shedding (a rule the old standard
     // rules do not have) may fail; every other decision is as before.
@@ -198,16 +201,7 @@ fn components_built_for_worlds_0_1_0_and_0_2_0_are_checked_and_decide_as_before(
     let v2 = repo.join("policies/fixtures/world-0.2.0/standard.wasm");
     let check = tollgate(dir.path(), &["policy", "check", v2.to_str().unwrap()]);
     assert!(text(&check).contains("\tworld 0.2.0\t"), "{}", text(&check));
-    let run = tollgate(
-        dir.path(),
-        &[
-            "conformance",
-            "run",
-            scenarios.to_str().unwrap(),
-            "--policy",
-            v2.to_str().unwrap(),
-        ],
-    );
+    let run = conformance(&v2);
     assert!(run.status.success(), "{}", text(&run));
     assert!(text(&run).contains(" passed, 0 failed"), "{}", text(&run));
     let list = tollgate(dir.path(), &["policy", "list"]);

@@ -235,6 +235,90 @@ fn deadline_queue_and_state_refusals_explain_themselves() {
 }
 
 #[test]
+fn every_other_reason_says_what_it_means() {
+    let e = engine(
+        json!({
+            "global": {"requests": {"capacity": 1, "refill_per_s": 0.25}},
+            "tenants": {"acme": {}},
+            "models": {"gpt": {"tokens": {"capacity": 100, "refill_per_s": 0}}},
+            "policy_params": {"backoff_base_ms": 4000, "backoff_cap_ms": 4000}
+        }),
+        "standard",
+    );
+    // The global request bucket.
+    assert_eq!(
+        admit(&e, &request("acme", "g1", 1, 1), 0)["outcome"],
+        "accepted"
+    );
+    assert_refusal(
+        &admit(&e, &request("acme", "g2", 1, 1), 0),
+        "global_rate",
+        Some("global.requests"),
+        Some(1),
+        Some(0),
+        "global_rate: needs 1 request, 0 available in global.requests; retry in 4.0 s",
+    );
+    // A model's shared token bucket.
+    let mut big = request("acme", "m1", 50, 60);
+    big["model"] = json!("gpt");
+    assert_refusal(
+        &admit(&e, &big, 8_000),
+        "too_large",
+        Some("model.gpt.tokens"),
+        Some(110),
+        Some(100),
+        "too_large: needs 110 tokens, model.gpt.tokens holds at most 100 tokens; reduce the request, waiting cannot cure it",
+    );
+    let mut first = request("acme", "m2", 30, 30);
+    first["model"] = json!("gpt");
+    assert_eq!(admit(&e, &first, 8_000)["outcome"], "accepted");
+    let mut second = request("acme", "m3", 30, 30);
+    second["model"] = json!("gpt");
+    assert_refusal(
+        &admit(&e, &second, 16_000),
+        "model_token_budget",
+        Some("model.gpt.tokens"),
+        Some(60),
+        Some(40),
+        "model_token_budget: needs 60 tokens, 40 available in model.gpt.tokens; the budget does not refill, waiting cannot cure it",
+    );
+    // A retry asked for before its time.
+    let failed = Completion {
+        result: CallResult::Failed,
+        failure: Some("unavailable".into()),
+        ..Completion::succeeded("acme", "g1")
+    };
+    e.complete(&failed, 16_000).unwrap();
+    let early = admit(&e, &request("acme", "g1", 1, 1), 16_000);
+    assert_eq!(early["reason"], "retry_too_early", "{early}");
+    let wait = early["retry_after_ms"].as_u64().unwrap();
+    assert!(
+        early["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("retry_too_early: the next attempt may not start yet; retry in "),
+        "{early}"
+    );
+    assert!(wait <= 4_000, "{early}");
+    // An unknown tenant, and the downstream marked unavailable.
+    let ghost = admit(&e, &request("ghost", "x", 1, 1), 0);
+    assert_eq!(
+        ghost["message"],
+        "unknown_tenant: the tenant is not configured"
+    );
+    e.set_downstream(false).unwrap();
+    let down = admit(&e, &request("acme", "d1", 1, 1), 30_000);
+    assert_eq!(down["reason"], "downstream_unavailable", "{down}");
+    assert!(
+        down["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("downstream_unavailable: the downstream is marked unavailable"),
+        "{down}"
+    );
+}
+
+#[test]
 fn a_policy_refusal_says_so_with_its_retry() {
     let e = engine(json!({"tenants": {"acme": {}}}), "deny-all");
     let answer = admit(&e, &request("acme", "k", 1, 1), 0);
