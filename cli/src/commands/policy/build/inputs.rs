@@ -25,7 +25,7 @@ const MOST_FILES: usize = 10_000;
 /// version). `None` when the folder cannot be read whole: then the project is built.
 pub fn digest(dir: &Path, toolchain: &str) -> Option<String> {
     let mut files = Vec::new();
-    collect(dir, dir, &mut files)?;
+    collect(dir, dir, 0, &mut files)?;
     files.sort();
     let mut h = Sha256::new();
     h.update(format!("tollgate {}\0", env!("CARGO_PKG_VERSION")));
@@ -40,18 +40,25 @@ pub fn digest(dir: &Path, toolchain: &str) -> Option<String> {
     Some(hex(&h.finalize()))
 }
 
-fn collect(root: &Path, dir: &Path, out: &mut Vec<PathBuf>) -> Option<()> {
+/// Deepest folder followed (links are followed, so a loop must end somewhere).
+const MOST_DEPTH: usize = 32;
+
+fn collect(root: &Path, dir: &Path, depth: usize, out: &mut Vec<PathBuf>) -> Option<()> {
+    if depth > MOST_DEPTH {
+        return None;
+    }
     for entry in std::fs::read_dir(dir).ok()? {
         let entry = entry.ok()?;
         let path = entry.path();
         let name = entry.file_name();
-        let kind = entry.file_type().ok()?;
-        if kind.is_dir() {
+        // A link counts as what it points to: a project may link its SDK and world.
+        let meta = std::fs::metadata(&path).ok()?;
+        if meta.is_dir() {
             if SKIPPED.iter().any(|s| name == *s) {
                 continue;
             }
-            collect(root, &path, out)?;
-        } else if kind.is_file() || kind.is_symlink() {
+            collect(root, &path, depth + 1, out)?;
+        } else if meta.is_file() {
             out.push(path.strip_prefix(root).ok()?.to_path_buf());
             if out.len() > MOST_FILES {
                 return None;
@@ -146,6 +153,18 @@ mod tests {
         assert_ne!(changed, first);
         std::fs::rename(p.join("sdk/x.py"), p.join("sdk/y.py")).unwrap();
         assert_ne!(digest(p, "componentize-py 0.25.1").unwrap(), changed);
+        // A linked folder counts as its files; a loop of links is no digest, not a hang.
+        #[cfg(unix)]
+        {
+            let linked = tempfile::tempdir().unwrap();
+            std::os::unix::fs::symlink(p.join("sdk"), linked.path().join("sdk")).unwrap();
+            let through_link = digest(linked.path(), "t").unwrap();
+            std::fs::remove_file(p.join("sdk/y.py")).unwrap();
+            assert_ne!(digest(linked.path(), "t").unwrap(), through_link);
+            std::fs::write(p.join("sdk/y.py"), "x = 2").unwrap();
+            std::os::unix::fs::symlink(linked.path(), linked.path().join("loop")).unwrap();
+            assert_eq!(digest(linked.path(), "t"), None);
+        }
 
         let component = p.join("target/p.wasm");
         assert!(!up_to_date(&component, &first));
