@@ -1,6 +1,7 @@
 //! What one policy may use (its size, memory and fuel per call) and the bounds of the
 //! instance pool every decision is instantiated from.
 
+/// The most linear memory any policy may be allowed per call (`limits.policy_memory_bytes`):
 /// the size of each slot of the instance pool.
 pub const MAX_POLICY_MEMORY: u64 = 1 << 30;
 
