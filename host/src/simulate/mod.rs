@@ -6,6 +6,7 @@
 //! - [`arrivals`]: the load, generated once per file and seed so that every run compared
 //!   sees the same requests.
 //! - [`run`]: the event loop over one engine.
+//! - `recorder`: the run's books, kept as the loop goes and closed into its summary.
 //! - [`summary`]: what a run measured, the fairness measures included.
 //!
 //! Drawing (plots, the HTML report) belongs to the command line; this module only
@@ -13,6 +14,7 @@
 
 pub mod arrivals;
 pub mod file;
+mod recorder;
 mod rng;
 pub mod run;
 pub mod summary;

@@ -4,10 +4,9 @@
 
 use super::arrivals::{Arrival, Load};
 use super::file::{Callers, Distribution, OnRefusal, Simulation};
+use super::recorder::{Ending, Recorder};
 use super::rng::Rng;
-use super::summary::{
-    jain, max_service_difference, Overall, Percentiles, Series, Summary, TenantSummary,
-};
+use super::summary::{Series, Summary, TenantSummary};
 use crate::engine::{
     Answer, Completion, CompletionAnswer, Decision, DispatchAnswer, Job, Reconciliation,
 };
@@ -114,17 +113,8 @@ struct Sim<'a, S: Store> {
     heap: BinaryHeap<Timed>,
     seq: u64,
     ops: Vec<Op>,
-    /// Per tenant: the counts of its summary, filled in as the run goes.
-    tallies: Vec<TenantSummary>,
-    /// Per tenant: arrival to the first provider call, per operation that reached one (ms).
-    waits: Vec<Vec<u32>>,
-    /// Per tenant: arrival to success (ms).
-    latencies: Vec<Vec<u32>>,
-    series: Series,
-    /// Per tenant since the last sample: summed waits, calls started, refused at all.
-    interval_waits: Vec<(f64, u32)>,
-    interval_refused: Vec<bool>,
-    interval_refusals: BTreeMap<String, u64>,
+    /// What the run measures.
+    books: Recorder,
     in_flight: u32,
     worker_busy: Vec<u32>,
     worker_names: Vec<String>,
@@ -192,20 +182,7 @@ pub fn run<S: Store>(
         heap: BinaryHeap::new(),
         seq: 0,
         ops: Vec::with_capacity(load.arrivals.len()),
-        tallies: vec![TenantSummary::default(); n],
-        waits: vec![Vec::new(); n],
-        latencies: vec![Vec::new(); n],
-        series: Series {
-            backlog: vec![Vec::new(); n],
-            wait_ms: vec![Vec::new(); n],
-            tokens: vec![Vec::new(); n],
-            expired: vec![Vec::new(); n],
-            backlogged: vec![Vec::new(); n],
-            ..Series::default()
-        },
-        interval_waits: vec![(0.0, 0); n],
-        interval_refused: vec![false; n],
-        interval_refusals: BTreeMap::new(),
+        books: Recorder::new(n),
         in_flight: 0,
         worker_busy: vec![0; workers as usize],
         worker_names: (0..workers).map(|w| format!("sim-worker-{w}")).collect(),
@@ -238,7 +215,7 @@ pub fn run<S: Store>(
                 arrival: next as u32,
                 ..Op::default()
             });
-            s.tallies[a.tenant].offered += 1;
+            s.books.offered(a.tenant);
             next += 1;
             s.admit(id, now);
         }
@@ -320,7 +297,7 @@ impl<'a, S: Store> Sim<'a, S> {
             Outcome::Accepted | Outcome::Queued => {
                 if !self.ops[op as usize].admitted {
                     self.ops[op as usize].admitted = true;
-                    self.tallies[tenant].admitted += 1;
+                    self.books.admitted(tenant);
                 }
                 if d.outcome == Outcome::Accepted {
                     let max_output = d.max_output_tokens.unwrap_or(a.max_output_tokens);
@@ -332,15 +309,7 @@ impl<'a, S: Store> Sim<'a, S> {
                     Some(r) => r.as_str(),
                     None => other.as_str(),
                 };
-                *self.tallies[tenant]
-                    .refused
-                    .entry(reason.to_string())
-                    .or_default() += 1;
-                *self
-                    .interval_refusals
-                    .entry(reason.to_string())
-                    .or_default() += 1;
-                self.interval_refused[tenant] = true;
+                self.books.refused(tenant, reason);
                 let callers = self.callers[tenant];
                 let retries = self.ops[op as usize].retries;
                 if callers.on_refusal != OnRefusal::GiveUp && retries < callers.max_retries {
@@ -355,7 +324,7 @@ impl<'a, S: Store> Sim<'a, S> {
                         return;
                     }
                 }
-                self.tallies[tenant].gave_up += 1;
+                self.books.gave_up(tenant);
                 self.ops[op as usize].done = true;
             }
         }
@@ -373,10 +342,7 @@ impl<'a, S: Store> Sim<'a, S> {
         let a = self.arrival(op);
         if !self.ops[op as usize].started {
             self.ops[op as usize].started = true;
-            let wait = (now - a.t_ms).max(0);
-            self.waits[a.tenant].push(wait.min(u32::MAX as i64) as u32);
-            let w = &mut self.interval_waits[a.tenant];
-            *w = (w.0 + wait as f64, w.1 + 1);
+            self.books.first_call(a.tenant, now - a.t_ms);
         }
         let p = &self.sim.provider;
         let rate_limited = Call::Failed {
@@ -504,16 +470,11 @@ impl<'a, S: Store> Sim<'a, S> {
                 answer.error
             ));
         }
-        let tally = &mut self.tallies[a.tenant];
         match call {
             Call::Succeeded { output_tokens } => {
-                tally.completed += 1;
-                tally.tokens += a.input_tokens + output_tokens;
-                let latency = (now - a.t_ms).clamp(0, u32::MAX as i64) as u32;
-                self.latencies[a.tenant].push(latency);
-                if now > a.deadline_ms {
-                    tally.past_deadline += 1;
-                }
+                let tokens = a.input_tokens + output_tokens;
+                let late = now > a.deadline_ms;
+                self.books.succeeded(a.tenant, tokens, now - a.t_ms, late);
                 self.ops[op as usize].done = true;
             }
             Call::Failed { .. } => match answer.retry {
@@ -526,12 +487,12 @@ impl<'a, S: Store> Sim<'a, S> {
                     }
                 }
                 _ => {
-                    tally.failed_final += 1;
+                    self.books.failed_final(a.tenant);
                     self.ops[op as usize].done = true;
                 }
             },
             Call::Unknown { output_tokens } => {
-                tally.unknown += 1;
+                self.books.unknown(a.tenant);
                 let at = now + self.sim.provider.reconcile_after_ms as i64;
                 self.push(
                     at,
@@ -568,7 +529,8 @@ impl<'a, S: Store> Sim<'a, S> {
 
     fn reconciled(&mut self, op: u32, output_tokens: u64) {
         let a = self.arrival(op);
-        self.tallies[a.tenant].tokens += a.input_tokens + output_tokens;
+        self.books
+            .reconciled(a.tenant, a.input_tokens + output_tokens);
         self.ops[op as usize].done = true;
     }
 
@@ -593,8 +555,7 @@ impl<'a, S: Store> Sim<'a, S> {
         for job in answer.expired {
             if let Some(op) = id_of(&job.key) {
                 let tenant = self.arrival(op).tenant;
-                self.tallies[tenant].expired += 1;
-                self.tallies[tenant].past_deadline += 1;
+                self.books.expired(tenant);
                 self.ops[op as usize].done = true;
             }
         }
@@ -637,27 +598,9 @@ impl<'a, S: Store> Sim<'a, S> {
 
     fn sample(&mut self, now: i64) -> Result<(), String> {
         let depths = self.engine.queue_depths().map_err(|e| e.to_string())?;
-        self.series.t_ms.push(now);
-        self.series.occupancy.push(self.in_flight);
-        for (i, name) in self.load.tenants.iter().enumerate() {
-            let depth = depths.get(name).copied().unwrap_or(0);
-            self.series.backlog[i].push(depth);
-            let (sum, count) = std::mem::take(&mut self.interval_waits[i]);
-            self.series.wait_ms[i].push((count > 0).then(|| sum / count as f64));
-            self.series.tokens[i].push(self.tallies[i].tokens);
-            self.series.expired[i].push(self.tallies[i].expired);
-            let refused = std::mem::take(&mut self.interval_refused[i]);
-            self.series.backlogged[i].push(depth > 0 || refused);
-        }
-        let k = self.series.t_ms.len();
-        for (reason, n) in std::mem::take(&mut self.interval_refusals) {
-            let line = self.series.refusals.entry(reason).or_default();
-            line.resize(k - 1, 0);
-            line.push(n);
-        }
-        for line in self.series.refusals.values_mut() {
-            line.resize(k, 0);
-        }
+        let tenants = &self.load.tenants;
+        let depth = |i: usize| depths.get(&tenants[i]).copied().unwrap_or(0);
+        self.books.sample(now, self.in_flight, depth);
         Ok(())
     }
 
@@ -666,45 +609,15 @@ impl<'a, S: Store> Sim<'a, S> {
         for op in &self.ops {
             if !op.done {
                 let a = &self.load.arrivals[op.arrival as usize];
-                self.tallies[a.tenant].pending_at_end += 1;
-                if a.deadline_ms < end {
-                    self.tallies[a.tenant].past_deadline += 1;
-                }
+                self.books.pending_at_end(a.tenant, a.deadline_ms < end);
             }
         }
-        let all_tokens: u64 = self.tallies.iter().map(|t| t.tokens).sum();
-        let all_completed: u64 = self.tallies.iter().map(|t| t.completed).sum();
-        let share = |x: u64, of: u64| if of == 0 { 0.0 } else { x as f64 / of as f64 };
-        let mut weighted = Vec::new();
-        for (i, t) in self.tallies.iter_mut().enumerate() {
-            t.weight = self.weights[i];
-            weighted.push(t.tokens as f64 / t.weight.max(1) as f64);
-            t.refused_total = t.refused.values().sum();
-            t.wait_ms = Percentiles::of(&mut self.waits[i]);
-            t.latency_ms = Percentiles::of(&mut self.latencies[i]);
-            t.token_share = share(t.tokens, all_tokens);
-            t.request_share = share(t.completed, all_completed);
-        }
-        let tenants: BTreeMap<String, TenantSummary> = self
-            .load
-            .tenants
-            .iter()
-            .cloned()
-            .zip(self.tallies)
-            .collect();
-        let occupancy = &self.series.occupancy;
-        let overall = Overall {
-            offered: tenants.values().map(|t| t.offered).sum(),
-            completed: all_completed,
-            refused: tenants.values().map(|t| t.refused_total).sum(),
-            expired: tenants.values().map(|t| t.expired).sum(),
-            past_deadline: tenants.values().map(|t| t.past_deadline).sum(),
-            jain_fairness_tokens: jain(&weighted),
-            max_service_difference_tokens: max_service_difference(&self.series, &self.weights),
-            provider_occupancy_mean: occupancy.iter().map(|&x| x as f64).sum::<f64>()
-                / occupancy.len().max(1) as f64,
+        let (tallies, overall, series) = self.books.finish(Ending {
+            weights: &self.weights,
             engine_calls: self.engine_calls,
-        };
+        });
+        let tenants: BTreeMap<String, TenantSummary> =
+            self.load.tenants.iter().cloned().zip(tallies).collect();
         RunResult {
             summary: Summary {
                 name: name.to_string(),
@@ -713,7 +626,7 @@ impl<'a, S: Store> Sim<'a, S> {
                 tenants,
                 overall,
             },
-            series: self.series,
+            series,
             tenants: self.load.tenants.clone(),
         }
     }

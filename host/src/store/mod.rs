@@ -5,11 +5,8 @@
 //! [`Store::transaction`]: it reads rows, decides, and writes rows; the store makes that
 //! all-or-nothing.
 
-mod op_cache;
-mod pg_locks;
-mod pg_wire;
+#[cfg(feature = "postgres")]
 pub mod postgres;
-mod postgres_tls;
 mod row_cache;
 mod schema;
 pub mod sqlite;
@@ -17,18 +14,28 @@ pub mod sqlite;
 use crate::bucket;
 use crate::model::{Operation, Priority};
 
+#[cfg(feature = "postgres")]
 pub use postgres::PgStore;
 pub use sqlite::SqliteStore;
+
+/// A driver's own error, kept whole (its [`std::error::Error::source`] chain included) but
+/// behind a box, so the store's error names no driver's types: a program can match on what
+/// failed without depending on `rusqlite` or `postgres`, and can still downcast when it does.
+pub type DriverError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// A failure of the store itself (I/O, corruption, a schema from the future).
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    /// SQLite failed.
+    /// SQLite failed; the source is a `rusqlite::Error`.
     #[error("database: {0}")]
-    Database(#[from] rusqlite::Error),
-    /// PostgreSQL failed.
+    Database(#[source] DriverError),
+    /// PostgreSQL failed; the source is a `postgres::Error`.
     #[error("postgres: {0}")]
-    Postgres(#[from] ::postgres::Error),
+    Postgres(#[source] DriverError),
+    /// The store asked for is not in this build (a `postgres://` URL to a library built
+    /// without its `postgres` feature).
+    #[error("{0}")]
+    Unsupported(String),
     /// A stored record could not be read.
     #[error("stored record is unreadable: {0}")]
     Record(#[from] serde_json::Error),
@@ -44,6 +51,19 @@ pub enum StoreError {
     /// never reaches a caller of [`Store::transaction_batch`].
     #[error("a row the batch did not name is held by another replica")]
     Contended,
+}
+
+impl From<rusqlite::Error> for StoreError {
+    fn from(e: rusqlite::Error) -> Self {
+        StoreError::Database(Box::new(e))
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl From<::postgres::Error> for StoreError {
+    fn from(e: ::postgres::Error) -> Self {
+        StoreError::Postgres(Box::new(e))
+    }
 }
 
 impl StoreError {
@@ -145,6 +165,7 @@ pub enum AnyStore {
     /// An embedded SQLite file (or memory).
     Sqlite(SqliteStore),
     /// A PostgreSQL database shared by replicas.
+    #[cfg(feature = "postgres")]
     Postgres(Box<PgStore>),
 }
 
@@ -152,7 +173,14 @@ impl AnyStore {
     /// `postgres://…` or `postgresql://…` selects PostgreSQL; anything else is a SQLite file.
     pub fn open(db: &str) -> Result<Self, StoreError> {
         if is_postgres_url(db) {
-            Ok(AnyStore::Postgres(Box::new(PgStore::open(db)?)))
+            #[cfg(feature = "postgres")]
+            return Ok(AnyStore::Postgres(Box::new(PgStore::open(db)?)));
+            #[cfg(not(feature = "postgres"))]
+            return Err(StoreError::Unsupported(
+                "this build of tollgate has no PostgreSQL store (its `postgres` feature is off); \
+                 use a SQLite file"
+                    .into(),
+            ));
         } else {
             Ok(AnyStore::Sqlite(SqliteStore::open(std::path::Path::new(
                 db,
@@ -173,6 +201,7 @@ impl Store for AnyStore {
     {
         match self {
             AnyStore::Sqlite(s) => s.transaction(f),
+            #[cfg(feature = "postgres")]
             AnyStore::Postgres(s) => s.transaction(f),
         }
     }
@@ -184,6 +213,7 @@ impl Store for AnyStore {
     ) -> Result<Vec<Result<T, StoreError>>, StoreError> {
         match self {
             AnyStore::Sqlite(s) => s.transaction_many(n, f),
+            #[cfg(feature = "postgres")]
             AnyStore::Postgres(s) => s.transaction_many(n, f),
         }
     }
@@ -196,6 +226,7 @@ impl Store for AnyStore {
     ) -> Result<Vec<Result<T, StoreError>>, StoreError> {
         match self {
             AnyStore::Sqlite(s) => s.transaction_batch(n, hint, f),
+            #[cfg(feature = "postgres")]
             AnyStore::Postgres(s) => s.transaction_batch(n, hint, f),
         }
     }
@@ -203,6 +234,7 @@ impl Store for AnyStore {
     fn clock_ms(&mut self) -> Result<Option<i64>, StoreError> {
         match self {
             AnyStore::Sqlite(s) => s.clock_ms(),
+            #[cfg(feature = "postgres")]
             AnyStore::Postgres(s) => s.clock_ms(),
         }
     }

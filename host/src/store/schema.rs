@@ -8,9 +8,11 @@ use super::StoreError;
 /// balances from such a database, so it refuses it. PostgreSQL writes balances in place.
 /// SQLite's 3 and PostgreSQL's 2 added the queue's `priority` (dispatch bands).
 pub const SQLITE_VERSION: i64 = 3;
+#[cfg(feature = "postgres")]
 pub const POSTGRES_VERSION: i64 = 2;
 /// The versions that added `queue.priority`, by dialect.
 pub const SQLITE_PRIORITY_SINCE: i64 = 3;
+#[cfg(feature = "postgres")]
 pub const POSTGRES_PRIORITY_SINCE: i64 = 2;
 
 /// Adds `queue.priority` to a queue made before it: every job queued then is `standard`.

@@ -1,6 +1,6 @@
 //! Operations read and written by one PostgreSQL transaction, kept in memory: each is read
 //! from the server at most once (or fetched with the batch's others at once, see
-//! [`super::Prefetch`]) and written once, just before the commit, with the batch's others in
+//! [`crate::store::Prefetch`]) and written once, just before the commit, with the batch's others in
 //! one statement (write-behind, as `row_cache` does for buckets and slots).
 //!
 //! Each change is journalled so that a rolled-back savepoint puts the old values back.

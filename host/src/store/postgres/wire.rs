@@ -2,10 +2,10 @@
 //! ahead together, the rows it changed written back together.
 
 use super::op_cache::OpCache;
-use super::row_cache::{Flush, RowCache};
-use super::{Prefetch, StoreError};
 use crate::bucket;
 use crate::model::Operation;
+use crate::store::row_cache::{Flush, RowCache};
+use crate::store::{Prefetch, StoreError};
 use postgres::{Client, Row, Statement};
 
 /// The names of `names` that `missing` says are not cached yet.

@@ -4,7 +4,7 @@
 //! with the certificate checked against `sslrootcert` (a PEM file) or Mozilla's roots, and
 //! the host name against the certificate. `verify-ca` is refused rather than weakened.
 
-use super::StoreError;
+use crate::store::StoreError;
 use postgres::{Client, NoTls};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::{ring, CryptoProvider};
