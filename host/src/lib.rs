@@ -8,8 +8,10 @@
 //!   is always an argument.
 //! - [`runtime`]: wasmtime, sandbox limits, policy digests; policies as components.
 //! - [`store`]: the narrow storage interface, its SQLite backend (embedded, one writer) and
-//!   its PostgreSQL backend (shared by replicas).
+//!   its PostgreSQL backend (shared by replicas; the `postgres` feature, on by default).
 //! - [`config`]: one configuration format for every command.
+//! - [`validate`], [`shape`]: an admission request checked field by field, and the shape
+//!   every JSON body must have.
 //! - [`model`], [`reason`], [`explain`]: the vocabulary of requests, operations and
 //!   outcomes, and what a refusal says to people.
 //! - [`scenario`]: the conformance runner for scenario files, and the verifier swaps use.
@@ -18,7 +20,8 @@
 //! The HTTP service (`tollgate serve`) and the command line are the `tollgate-cli` package
 //! (`cli/`), so that embedding the engine does not link an HTTP stack.
 //!
-//! `examples/embed.rs` shows the whole loop in a few dozen lines.
+//! `examples/embed.rs` shows the whole loop in a few dozen lines; `examples/embedder/` is a
+//! program of its own that builds the library without PostgreSQL.
 
 pub mod bucket;
 pub mod config;
@@ -28,6 +31,7 @@ pub mod model;
 pub mod reason;
 pub mod runtime;
 pub mod scenario;
+pub mod shape;
 pub mod simulate;
 
 pub mod store;

@@ -1,7 +1,21 @@
-//! The engine's vocabulary: requests, operations and the answers the engine gives.
+//! The engine's vocabulary: requests, operations and the answers the engine gives, and
+//! the bounds on what a request may hold.
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+
+/// Longest operation key, in characters.
+pub const MAX_KEY_CHARS: usize = 255;
+/// Longest `body_ref` or `fingerprint`, in bytes: they are references, not bodies.
+pub const MAX_REF_BYTES: usize = 4096;
+/// Longest model name, in bytes.
+pub const MAX_MODEL_BYTES: usize = 128;
+/// Most labels on one request.
+pub const MAX_LABELS: usize = 16;
+/// Longest label key, in bytes.
+pub const MAX_LABEL_KEY_BYTES: usize = 64;
+/// Longest label value, in bytes.
+pub const MAX_LABEL_VALUE_BYTES: usize = 256;
 
 /// How a request waits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -213,7 +227,7 @@ impl<'de> Deserialize<'de> for Usage {
         let Fields {
             input_tokens,
             output_tokens,
-        } = crate::validate::from_object(d)?;
+        } = crate::shape::from_object(d)?;
         Ok(Usage {
             input_tokens,
             output_tokens,

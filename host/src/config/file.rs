@@ -133,11 +133,11 @@ impl ConfigFile {
         if let Some(m) = gateway
             .iter()
             .flat_map(|g| g.models.keys())
-            .find(|m| m.len() > crate::validate::MAX_MODEL_BYTES)
+            .find(|m| m.len() > crate::model::MAX_MODEL_BYTES)
         {
             return Err(format!(
                 "gateway.models: {m:?} is over {} bytes",
-                crate::validate::MAX_MODEL_BYTES
+                crate::model::MAX_MODEL_BYTES
             ));
         }
         let mut keys = HashMap::new();

@@ -427,10 +427,10 @@ impl Config {
         }
         let mut buckets = vec![(names::GLOBAL_REQUESTS.to_string(), self.global_requests)];
         for (model, m) in self.models.iter().flatten() {
-            if model.is_empty() || model.len() > crate::validate::MAX_MODEL_BYTES {
+            if model.is_empty() || model.len() > crate::model::MAX_MODEL_BYTES {
                 return Err(ConfigError(format!(
                     "model name {model:?} must be 1 to {} bytes",
-                    crate::validate::MAX_MODEL_BYTES
+                    crate::model::MAX_MODEL_BYTES
                 )));
             }
             buckets.extend(m.requests.map(|b| (names::model_requests(model), b)));
