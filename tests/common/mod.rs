@@ -8,34 +8,14 @@ use tollgate::runtime::{builtin, Runtime};
 use tollgate::store::{SqliteStore, Store, StoreError, Tx};
 use tollgate::Engine;
 
+// The engine's helpers, shared with the library's own suites (host/tests).
+#[path = "../../host/tests/common/mod.rs"]
+mod engine_helpers;
+pub use engine_helpers::{engine, engine_on, policy_bytes, request};
+
 pub mod http;
 pub mod server;
 pub mod stub;
-
-/// A policy component by name: a built-in one, or a test fixture this build made
-/// (`policies/fixtures/`).
-pub fn policy_bytes(name: &str) -> Vec<u8> {
-    tollgate::scenario::resolve_policy(name, None, &tollgate::scenario::default_fixtures())
-        .unwrap_or_else(|e| panic!("policy {name}: {e}"))
-}
-
-/// An engine on `store` with a configuration given as JSON and a built-in policy.
-pub fn engine_on<S: Store>(config: Value, store: S, policy: &str) -> Engine<S> {
-    let runtime = Runtime::new().expect("wasmtime starts");
-    let config = Config::from_json(&config).expect("valid configuration");
-    let policy = runtime
-        .load(
-            &policy_bytes(policy),
-            tollgate::runtime::PolicyLimits::DEFAULT.any_size(),
-        )
-        .expect("policy loads");
-    Engine::new(config, store, runtime, Arc::new(policy))
-}
-
-/// An engine on a private in-memory store.
-pub fn engine(config: Value, policy: &str) -> Engine<SqliteStore> {
-    engine_on(config, SqliteStore::in_memory().unwrap(), policy)
-}
 
 /// What a finished command printed: stdout, then stderr.
 pub fn output_text(o: &std::process::Output) -> String {
@@ -44,12 +24,6 @@ pub fn output_text(o: &std::process::Output) -> String {
         String::from_utf8_lossy(&o.stdout),
         String::from_utf8_lossy(&o.stderr)
     )
-}
-
-/// A request object with the usual fields.
-pub fn request(tenant: &str, key: &str, route: &str, tokens: u64, deadline_ms: i64) -> Value {
-    json!({"tenant": tenant, "key": key, "route": route, "input_tokens": tokens,
-           "max_output_tokens": tokens, "deadline_ms": deadline_ms})
 }
 
 /// Starts `tollgate serve` with `args` on a free loopback port and waits until it answers
