@@ -5,8 +5,11 @@
 //! `wasm32-unknown-unknown` in its own target directory, then each core module is turned
 //! into a component with `wit-component`. The production policies are listed in
 //! `policies.rs` for `include_bytes!` (they ship in the binary); the test fixtures are
-//! written to `target/policies/components/` for the tests and the conformance runner, and
-//! never ship.
+//! written to `components/` for the tests and the conformance runner, and never ship.
+//!
+//! Everything it writes, the nested build's own target directory included, is under
+//! `OUT_DIR`: a library built from a read-only checkout or as another project's dependency
+//! writes nothing beside its sources.
 
 use std::env;
 use std::fmt::Write as _;
@@ -27,7 +30,7 @@ fn main() {
     let rustc = env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
     check_target_installed(&rustc);
 
-    let target_dir = root.join("target").join("policies");
+    let target_dir = out_dir.join("policies");
     let mut cmd = Command::new(&cargo);
     cmd.current_dir(root.join("policies"))
         .args([
