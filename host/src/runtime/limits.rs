@@ -76,3 +76,49 @@ pub(super) fn no_swap() -> bool {
 /// Instances that may be live at once (decisions, self-checks and smoke decisions of
 /// candidates). Past that an instantiation fails, and the decision fails closed.
 pub const POOL_SLOTS: u32 = 256;
+
+/// The instance pool a [`super::Runtime`] instantiates every decision from: how many
+/// instances may be live at once, and the memory each slot reserves room for.
+///
+/// The address space reserved is about `slots × memories per call × max_memory_bytes`
+/// (512 GiB with the defaults), none of it backed until a policy touches it. The defaults
+/// suit the service; a program with few decisions at once and small policies may take
+/// less, for a sandbox or a container that caps virtual memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PoolConfig {
+    /// Instances live at once; past that an instantiation fails and the decision fails
+    /// closed (at least 1).
+    pub slots: u32,
+    /// The most linear memory any one policy call may grow to, in bytes (64 KiB, one wasm
+    /// page, to [`MAX_POLICY_MEMORY`]). A policy's own limit above it is lowered to it.
+    pub max_memory_bytes: u64,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        PoolConfig {
+            slots: POOL_SLOTS,
+            max_memory_bytes: MAX_POLICY_MEMORY,
+        }
+    }
+}
+
+/// One wasm page: the least memory a pool slot may hold.
+const WASM_PAGE: u64 = 64 << 10;
+
+impl PoolConfig {
+    /// The pool as asked, or what is wrong with it.
+    pub fn check(self) -> Result<Self, String> {
+        if self.slots == 0 {
+            return Err("the instance pool needs at least 1 slot".into());
+        }
+        if !(WASM_PAGE..=MAX_POLICY_MEMORY).contains(&self.max_memory_bytes) {
+            return Err(format!(
+                "the instance pool's max_memory_bytes is {}; it must be from {WASM_PAGE} \
+                 (one wasm page) to {MAX_POLICY_MEMORY}",
+                self.max_memory_bytes
+            ));
+        }
+        Ok(self)
+    }
+}

@@ -53,7 +53,8 @@ use limits::{
     MEMORIES_PER_CALL,
 };
 pub use limits::{
-    PolicyLimits, HOST_CALLS_PER_CALL, MAX_PARAM_NAME_BYTES, MAX_POLICY_MEMORY, POOL_SLOTS,
+    PolicyLimits, PoolConfig, HOST_CALLS_PER_CALL, MAX_PARAM_NAME_BYTES, MAX_POLICY_MEMORY,
+    POOL_SLOTS,
 };
 pub use policy::{Decider, LoadedPolicy, WorldVersion};
 use policy::{Pre, DECIDE_EXPORT};
@@ -71,32 +72,50 @@ pub struct Runtime {
     /// Components this runtime compiled (not found in either cache).
     compilations: Arc<AtomicU64>,
     observer: Option<CallObserver>,
+    /// The instance pool it was made with.
+    pool: PoolConfig,
 }
 
 /// Told how long each guest call took (instantiation included), for metrics.
 pub type CallObserver = Arc<dyn Fn(std::time::Duration) + Send + Sync>;
 
 impl Runtime {
-    /// The process's one engine, with the sandbox's limits and a pool of instances.
+    /// The process's one engine, with the sandbox's limits and the default pool of
+    /// instances ([`PoolConfig::default`]).
+    ///
+    /// # Errors
+    /// When wasmtime cannot make its engine (the address space for the pool cannot be
+    /// reserved, say).
     pub fn new() -> wasmtime::Result<Self> {
+        Self::with_pool(PoolConfig::default())
+    }
+
+    /// As [`Runtime::new`], with an instance pool of `pool`'s size.
+    ///
+    /// # Errors
+    /// When `pool` is out of its bounds (see [`PoolConfig::check`]), or wasmtime cannot
+    /// make its engine.
+    pub fn with_pool(pool: PoolConfig) -> wasmtime::Result<Self> {
+        let pool_config = pool.check().map_err(wasmtime::Error::msg)?;
+        let (slots, max_memory) = (pool_config.slots, pool_config.max_memory_bytes);
         let mut config = wasmtime::Config::new();
         config.consume_fuel(true);
-        // Each pool slot reserves room for the largest memory a configuration may allow;
+        // Each pool slot reserves room for the largest memory a policy may be allowed;
         // only what a policy touches is ever backed.
-        config.memory_reservation(MAX_POLICY_MEMORY);
+        config.memory_reservation(max_memory);
         config.memory_guard_size(64 << 10);
         // A fresh instance per decision is the isolation guarantee; the pooling allocator
         // makes it cheap (slots are reused, memory reset by copy-on-write, pages kept resident).
         let mut pool = wasmtime::PoolingAllocationConfig::default();
         // An interpreter's component is a dozen core instances sharing one or two memories.
-        pool.total_component_instances(POOL_SLOTS)
-            .total_core_instances(POOL_SLOTS * CORE_INSTANCES_PER_CALL)
-            .total_memories(POOL_SLOTS * MEMORIES_PER_CALL)
-            .total_tables(POOL_SLOTS * CORE_INSTANCES_PER_CALL)
+        pool.total_component_instances(slots)
+            .total_core_instances(slots * CORE_INSTANCES_PER_CALL)
+            .total_memories(slots * MEMORIES_PER_CALL)
+            .total_tables(slots * CORE_INSTANCES_PER_CALL)
             .max_core_instances_per_component(CORE_INSTANCES_PER_CALL)
             .max_memories_per_component(MEMORIES_PER_CALL)
             .max_tables_per_component(CORE_INSTANCES_PER_CALL)
-            .max_memory_size(MAX_POLICY_MEMORY as usize)
+            .max_memory_size(max_memory as usize)
             .linear_memory_keep_resident(256 << 10)
             .table_keep_resident(16 << 10);
         // Where the kernel can list the pages a decision dirtied (PAGEMAP_SCAN, Linux 6.7+),
@@ -123,7 +142,13 @@ impl Runtime {
             disk: None,
             compilations: Arc::default(),
             observer: None,
+            pool: pool_config,
         })
+    }
+
+    /// The instance pool this runtime was made with.
+    pub fn pool(&self) -> PoolConfig {
+        self.pool
     }
 
     /// Keeps compiled components in `cache` too, and looks there before compiling.
@@ -140,6 +165,11 @@ impl Runtime {
     /// Compiles a component, checks it against the world, and asks it to describe itself.
     /// The self-check is separate: see [`LoadedPolicy::self_check`].
     pub fn load(&self, bytes: &[u8], limits: PolicyLimits) -> Result<LoadedPolicy, LoadError> {
+        // No call may grow past what a pool slot holds.
+        let limits = PolicyLimits {
+            memory_bytes: limits.memory_bytes.min(self.pool.max_memory_bytes),
+            ..limits
+        };
         if bytes.len() as u64 > limits.max_bytes {
             return Err(LoadError::TooBig {
                 size: bytes.len(),

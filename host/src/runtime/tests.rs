@@ -369,3 +369,55 @@ fn standard_policy_describes_itself() {
         PolicyDigest::of(builtin::get("standard").unwrap())
     );
 }
+
+#[test]
+fn a_smaller_pool_decides_and_bounds_what_a_call_may_grow_to() {
+    let pool = PoolConfig {
+        slots: 4,
+        max_memory_bytes: 16 << 20,
+    };
+    let runtime = Runtime::with_pool(pool).unwrap();
+    assert_eq!(runtime.pool(), pool);
+    // The configuration allows 64 MiB; the pool's slots hold 16.
+    let limits = PolicyLimits {
+        memory_bytes: 64 << 20,
+        ..PolicyLimits::DEFAULT
+    };
+    let faulty = runtime.load(&fixture("faulty"), limits).unwrap();
+    assert_eq!(faulty.limits.memory_bytes, 16 << 20);
+    let request = |key: &str| Request {
+        tenant: "acme".into(),
+        key: key.into(),
+        route: Route::Interactive,
+        input_tokens: 1,
+        optional_context_tokens: 0,
+        max_output_tokens: 1,
+        deadline_ms: 1,
+        size_bytes: 0,
+        attempt: 1,
+        model: None,
+        priority: Priority::Standard,
+        labels: Vec::new(),
+    };
+    let view = || DecisionView::scratch(Arc::default());
+    // `big` grows its memory to most of a MiB: inside a slot, it decides.
+    assert!(faulty.admit(view(), &request("big-1")).is_ok());
+    // `hog` grows until refused: the slot's bound stops it, and the call fails closed.
+    let hog = faulty.admit(view(), &request("hog-1")).unwrap_err();
+    assert!(!hog.0.is_empty());
+    assert!(faulty.admit(view(), &request("big-2")).is_ok());
+
+    // A pool out of its bounds is refused, and says why.
+    for (slots, max_memory_bytes, says) in [
+        (0, 16 << 20, "at least 1 slot"),
+        (4, 1 << 10, "one wasm page"),
+        (4, MAX_POLICY_MEMORY + 1, "one wasm page"),
+    ] {
+        let refused = Runtime::with_pool(PoolConfig {
+            slots,
+            max_memory_bytes,
+        });
+        let message = refused.err().expect("refused").to_string();
+        assert!(message.contains(says), "{message}");
+    }
+}
