@@ -266,6 +266,17 @@ fn completions_reconciliations_and_keys_in_paths() {
         answer(s.call("GET", "/v1/admit", Some(CALLER), None)),
         refused(405, "method_not_allowed")
     );
+    // A request refused by validation names its field and what is wrong with it.
+    let zero = r#"{"key": "z1", "route": "interactive", "input_tokens": 5,
+        "max_output_tokens": 0, "deadline_ms": 99999999999999}"#;
+    let (status, _, body) = s.call("POST", "/v1/admit", Some(CALLER), Some(zero));
+    assert_eq!((status, &body["reason"]), (400, &json!("invalid_request")));
+    assert_eq!(body["field"], "max_output_tokens", "{body}");
+    let message = body["message"].as_str().unwrap();
+    assert!(
+        message.contains("max_output_tokens: must be from 1"),
+        "{message}"
+    );
     assert!(s.stop().success());
 }
 

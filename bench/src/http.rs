@@ -235,7 +235,7 @@ pub fn http_postgres(
     use tollgate::config::ConfigFile;
     use tollgate::store::{AnyStore, PgStore};
     use tollgate_cli::service;
-    let config = ConfigFile::from_json(&http_config(tenants))?;
+    let config = ConfigFile::from_json(&http_config(tenants)).map_err(|e| e.to_string())?;
     let schema = format!("tollgate_bench_{}", std::process::id());
     let mut servers = Vec::new();
     for r in 0..replicas.max(1) {

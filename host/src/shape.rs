@@ -70,3 +70,65 @@ impl<'de> Deserialize<'de> for UniqueMembers {
         d.deserialize_map(Members).map(UniqueMembers)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_body_is_one_object_with_each_member_name_once() {
+        let members = object(br#"{"key": "a", "route": "durable"}"#).unwrap();
+        assert_eq!(members["key"], "a");
+        for bad in [
+            &br#"{"key": "a", "key": "b"}"#[..],
+            br#"{"key": "a", "route": "durable", "key": "a"}"#,
+            br#"[{"key": "a"}]"#,
+            b"\"key\"",
+            b"null",
+            b"{\"key\": \"a\"",
+            b"",
+        ] {
+            assert_eq!(
+                object(bad),
+                Err(Reason::InvalidRequest),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        // Inside a member's value, names are the field's own parser's to check (every
+        // admission field is a scalar, so an object there is refused as a wrong type).
+        assert!(object(br#"{"key": {"a": 1, "a": 2}}"#).is_ok());
+    }
+
+    #[test]
+    fn structs_are_read_from_objects_only() {
+        #[derive(Debug, PartialEq, serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Pair {
+            a: u32,
+            #[serde(default)]
+            b: Option<u32>,
+        }
+        let read = |text: &str| {
+            let mut de = serde_json::Deserializer::from_str(text);
+            from_object::<_, Pair>(&mut de).map_err(|e| e.to_string())
+        };
+        assert_eq!(read(r#"{"a": 1, "b": 2}"#), Ok(Pair { a: 1, b: Some(2) }));
+        assert_eq!(read(r#"{"a": 1}"#), Ok(Pair { a: 1, b: None }));
+        // The derive alone would take these arrays.
+        assert_eq!(
+            serde_json::from_str::<Pair>("[1, 2]").ok(),
+            Some(Pair { a: 1, b: Some(2) })
+        );
+        for bad in [
+            "[1, 2]",
+            "[1]",
+            "1",
+            "null",
+            r#"{"a": 1, "c": 3}"#,
+            r#"{"a": 1, "a": 2}"#,
+        ] {
+            assert!(read(bad).is_err(), "{bad}");
+        }
+    }
+}

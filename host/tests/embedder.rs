@@ -54,7 +54,13 @@ fn a_sqlite_only_program_outside_the_workspace_links_no_postgres_and_runs() {
         .filter_map(|l| l.split_whitespace().next())
         .collect();
     assert!(crates.contains(&"rusqlite"), "{tree_text}");
-    for absent in ["postgres", "tokio-postgres", "rustls", "ring", "webpki-roots"] {
+    for absent in [
+        "postgres",
+        "tokio-postgres",
+        "rustls",
+        "ring",
+        "webpki-roots",
+    ] {
         assert!(
             !crates.contains(&absent),
             "{absent} is linked without the postgres feature:\n{tree_text}"
@@ -80,7 +86,10 @@ fn a_sqlite_only_program_outside_the_workspace_links_no_postgres_and_runs() {
         "{out}"
     );
     assert!(out.contains(r#"admit: {"outcome":"accepted""#), "{out}");
-    assert!(out.contains(r#"complete: {"ok":true,"state":"succeeded"}"#), "{out}");
+    assert!(
+        out.contains(r#"complete: {"ok":true,"state":"succeeded"}"#),
+        "{out}"
+    );
     assert!(
         out.contains(r#"again: {"outcome":"duplicate_completed""#),
         "{out}"

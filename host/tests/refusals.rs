@@ -330,3 +330,37 @@ fn a_policy_refusal_says_so_with_its_retry() {
     );
     assert!(answer.get("limit").is_none(), "{answer}");
 }
+
+#[test]
+fn a_request_made_in_code_is_checked_as_a_json_one_is() {
+    use tollgate::model::{Request, Route};
+    use tollgate::reason::Outcome;
+    use tollgate::validate::RequestBuilder;
+    let e = engine(json!({"tenants": {"acme": {}}}), "standard");
+    let good = RequestBuilder::new("acme", "built-1", Route::Interactive)
+        .input_tokens(10)
+        .max_output_tokens(10)
+        .deadline_ms(600_000)
+        .build(&e.config())
+        .unwrap();
+    assert_eq!(
+        e.admit_request(&good, 0).unwrap().outcome,
+        Outcome::Accepted
+    );
+    // Hand-built past the builder: zero output tokens, an empty key, an unknown tenant.
+    // Each is refused for what it is, never handed to the policy.
+    let bad = |f: &dyn Fn(&mut Request)| {
+        let mut r = good.clone();
+        r.key = "built-2".into();
+        f(&mut r);
+        serde_json::to_value(e.admit_request(&r, 0).unwrap()).unwrap()
+    };
+    let zero = bad(&|r| r.max_output_tokens = 0);
+    assert_eq!(zero["reason"], "invalid_request", "{zero}");
+    let empty = bad(&|r| r.key.clear());
+    assert_eq!(empty["reason"], "invalid_request", "{empty}");
+    let stranger = bad(&|r| r.tenant = "globex".into());
+    assert_eq!(stranger["reason"], "unknown_tenant", "{stranger}");
+    // Nothing was written for them.
+    assert!(e.operation("acme", "built-2").unwrap().is_none());
+}

@@ -36,6 +36,7 @@ pub fn load_config(path: Option<&std::path::Path>) -> Result<ConfigFile, String>
         Some(path) => ConfigFile::load(path),
         None => ConfigFile::from_json(&serde_json::json!({})),
     }
+    .map_err(|e| e.to_string())
 }
 
 /// An engine on the store and policy `args` name.

@@ -58,7 +58,7 @@ pub fn run(args: ServeArgs) -> Result<ExitCode, String> {
     } else {
         logs.init();
     }
-    let config = ConfigFile::load(&config)?;
+    let config = ConfigFile::load(&config).map_err(|e| e.to_string())?;
     let store = AnyStore::open(&db).map_err(|e| format!("{db}: {e}"))?;
     let (state, writer) = tollgate_cli::service::build_with(config, store, verify_with)?;
     let watcher = watch_policy.map(|path| {

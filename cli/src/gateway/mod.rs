@@ -304,14 +304,14 @@ async fn read_call(
             invalid("x-tollgate-labels must be key=value pairs separated by commas")
         })?;
     }
-    let request =
-        tollgate::validate::request(&admission, &s.engine.config()).map_err(|reason| {
-            ApiError::new(
-                reason.http(),
-                reason.as_str(),
-                "the request cannot be admitted",
-            )
-        })?;
+    let request = tollgate::validate::parse(&admission, &s.engine.config()).map_err(|e| {
+        let reason = e.reason();
+        ApiError::new(
+            reason.http(),
+            reason.as_str(),
+            format!("the request cannot be admitted: {e}"),
+        )
+    })?;
     Ok(ChatCall {
         tenant,
         model,

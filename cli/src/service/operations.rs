@@ -40,14 +40,14 @@ pub(super) async fn admit(
         Some(Value::String(t)) if *t == tenant => {}
         Some(_) => return Err(refuse(403, "forbidden")),
     }
-    let request = match validate::request(&Value::Object(obj), &s.engine.config()) {
+    let request = match validate::parse(&Value::Object(obj), &s.engine.config()) {
         Ok(r) => r,
-        Err(reason) => {
+        Err(e) => {
             s.metrics
                 .decisions
-                .with_label_values(&["rejected", reason.as_str()])
+                .with_label_values(&["rejected", e.reason().as_str()])
                 .inc();
-            return Err(refuse_for(reason));
+            return Err(refuse_for_request(&e));
         }
     };
     let Answer::Decision(d) = submit(

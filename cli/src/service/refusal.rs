@@ -10,6 +10,8 @@ pub(crate) struct Refusal {
     pub(super) retry_after_ms: Option<u64>,
     /// The sentence for people; the reason's own when none is given.
     pub(crate) message: Option<String>,
+    /// The request's field at fault, for a request refused by validation.
+    pub(super) field: Option<String>,
 }
 
 pub(super) fn refuse(status: u16, reason: &'static str) -> Refusal {
@@ -18,6 +20,7 @@ pub(super) fn refuse(status: u16, reason: &'static str) -> Refusal {
         reason,
         retry_after_ms: None,
         message: None,
+        field: None,
     }
 }
 
@@ -25,6 +28,21 @@ pub(super) fn refuse(status: u16, reason: &'static str) -> Refusal {
 pub(super) fn refuse_for(reason: Reason) -> Refusal {
     Refusal {
         message: Some(tollgate::explain::message(reason, None, None, None)),
+        ..refuse(reason.http(), reason.as_str())
+    }
+}
+
+/// A request refused by validation: the reason, and the field and what is wrong with it.
+pub(super) fn refuse_for_request(e: &tollgate::validate::RequestError) -> Refusal {
+    let reason = e.reason();
+    Refusal {
+        message: Some(tollgate::explain::message(
+            reason,
+            None,
+            Some(&e.to_string()),
+            None,
+        )),
+        field: Some(e.field().to_string()),
         ..refuse(reason.http(), reason.as_str())
     }
 }
@@ -69,6 +87,9 @@ impl IntoResponse for Refusal {
             json!({"outcome": "rejected", "reason": self.reason, "message": self.text()});
         if let Some(ms) = self.retry_after_ms {
             body["retry_after_ms"] = json!(ms);
+        }
+        if let Some(field) = &self.field {
+            body["field"] = json!(field);
         }
         with_retry_after(self.status, body, self.retry_after_ms)
     }

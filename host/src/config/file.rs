@@ -5,6 +5,39 @@
 use super::Config;
 use serde::Deserialize;
 use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+
+/// Why a configuration file could not be used. Each says which file and what is wrong; an
+/// invalid field is named in the message (`gateway.models.gpt-4o: …`).
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigFileError {
+    /// The file could not be read.
+    #[error("{}: {source}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// What the file system said.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not JSON.
+    #[error("{}: {source}", path.display())]
+    Json {
+        /// The file.
+        path: PathBuf,
+        /// Where the JSON breaks.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The JSON is not a valid configuration.
+    #[error("{}{message}", path.as_ref().map(|p| format!("{}: ", p.display())).unwrap_or_default())]
+    Invalid {
+        /// The file, when it was read from one.
+        path: Option<PathBuf>,
+        /// What is wrong, naming the field.
+        message: String,
+    },
+}
 
 /// Who a key belongs to.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -87,16 +120,39 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 1000;
 const MOST_CONNECTIONS: u64 = 1_000_000;
 
 impl ConfigFile {
-    /// Reads and validates the file at `path`; errors name the file and what is wrong.
-    pub fn load(path: &std::path::Path) -> Result<ConfigFile, String> {
-        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    /// Reads and validates the file at `path`.
+    ///
+    /// # Errors
+    /// [`ConfigFileError`]: the file unreadable, not JSON, or a field invalid; each names
+    /// the file and what is wrong.
+    pub fn load(path: &std::path::Path) -> Result<ConfigFile, ConfigFileError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigFileError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
         let value: serde_json::Value =
-            serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
-        ConfigFile::from_json(&value).map_err(|e| format!("{}: {e}", path.display()))
+            serde_json::from_str(&text).map_err(|source| ConfigFileError::Json {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        ConfigFile::parse(&value).map_err(|message| ConfigFileError::Invalid {
+            path: Some(path.to_path_buf()),
+            message,
+        })
     }
 
-    /// Parses the file's JSON; every error names what is wrong.
-    pub fn from_json(value: &serde_json::Value) -> Result<ConfigFile, String> {
+    /// Validates a configuration given as JSON.
+    ///
+    /// # Errors
+    /// [`ConfigFileError::Invalid`], naming the field and what is wrong with it.
+    pub fn from_json(value: &serde_json::Value) -> Result<ConfigFile, ConfigFileError> {
+        ConfigFile::parse(value).map_err(|message| ConfigFileError::Invalid {
+            path: None,
+            message,
+        })
+    }
+
+    fn parse(value: &serde_json::Value) -> Result<ConfigFile, String> {
         let mut obj = value
             .as_object()
             .cloned()
@@ -230,7 +286,7 @@ mod tests {
         assert_eq!(c.keys["ak"], Role::Admin);
         assert_eq!(c.policy, "deny-all");
         let unknown = ConfigFile::from_json(&json!({"auth": {"callers": {"k": "nobody"}}}));
-        assert!(unknown.unwrap_err().contains("nobody"));
+        assert!(unknown.unwrap_err().to_string().contains("nobody"));
         let twice = ConfigFile::from_json(
             &json!({"tenants": {"a": {}}, "auth": {"callers": {"k": "a"}, "admins": ["k"]}}),
         );
@@ -249,7 +305,7 @@ mod tests {
         let listed = json!({"gateway": gateway, "models": {"gpt-4o-mini": {}}});
         assert!(ConfigFile::from_json(&listed).is_ok());
         let missing = json!({"gateway": gateway, "models": {"gpt-4o": {}}});
-        let err = ConfigFile::from_json(&missing).unwrap_err();
+        let err = ConfigFile::from_json(&missing).unwrap_err().to_string();
         assert!(err.contains("gateway.models.gpt-4o-mini"), "{err}");
     }
 
@@ -267,9 +323,34 @@ mod tests {
             json!(2_000_000),
         ] {
             let err = ConfigFile::from_json(&json!({"limits": {"max_connections": bad}}));
-            assert!(err.unwrap_err().contains("limits.max_connections"), "{bad}");
+            let err = err.unwrap_err().to_string();
+            assert!(err.contains("limits.max_connections"), "{bad}: {err}");
         }
         // Scenario files (the engine's configuration alone) do not know it.
         assert!(Config::from_json(&json!({"limits": {"max_connections": 8}})).is_err());
+    }
+
+    #[test]
+    fn loading_says_which_file_and_whether_it_was_unreadable_not_json_or_invalid() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("missing.json");
+        let err = ConfigFile::load(&missing).unwrap_err();
+        assert!(matches!(&err, ConfigFileError::Read { path, .. } if *path == missing));
+        assert!(err.to_string().starts_with(&missing.display().to_string()));
+
+        let broken = dir.path().join("broken.json");
+        std::fs::write(&broken, "{\"tenants\": ").unwrap();
+        let err = ConfigFile::load(&broken).unwrap_err();
+        assert!(matches!(&err, ConfigFileError::Json { path, .. } if *path == broken));
+
+        let invalid = dir.path().join("invalid.json");
+        std::fs::write(&invalid, r#"{"limits": {"max_connections": 0}}"#).unwrap();
+        let err = ConfigFile::load(&invalid).unwrap_err();
+        let ConfigFileError::Invalid { path, message } = &err else {
+            panic!("{err:?}");
+        };
+        assert_eq!(path.as_deref(), Some(invalid.as_path()));
+        assert!(message.contains("limits.max_connections"), "{message}");
+        assert_eq!(err.to_string(), format!("{}: {message}", invalid.display()));
     }
 }

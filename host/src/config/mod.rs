@@ -6,7 +6,7 @@
 
 mod file;
 mod gateway;
-pub use file::{bare_worker_name, ConfigFile, Role, DEFAULT_MAX_CONNECTIONS};
+pub use file::{bare_worker_name, ConfigFile, ConfigFileError, Role, DEFAULT_MAX_CONNECTIONS};
 pub use gateway::{GatewayConfig, GatewayModel, Upstream, TOKENIZERS};
 
 use crate::bucket::Limits;

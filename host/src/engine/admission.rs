@@ -226,16 +226,33 @@ enum Existing {
 
 impl<S: Store> Engine<S> {
     /// Admits, queues or refuses one request given as a JSON object.
+    ///
+    /// # Errors
+    /// Only the store's own failure; a request that is not valid is a refusal
+    /// (`invalid_request`, `unknown_tenant`, `too_large`), not an error.
     pub fn admit(&self, raw: &serde_json::Value, now_ms: i64) -> Result<Decision, StoreError> {
-        let req = match validate::request(raw, &self.config()) {
+        let req = match validate::parse(raw, &self.config()) {
             Ok(r) => r,
-            Err(reason) => return Ok(Decision::rejected(reason, None)),
+            Err(e) => return Ok(Decision::rejected(e.reason(), None)),
         };
-        self.admit_request(&req, now_ms)
+        self.admit_checked(&req, now_ms)
     }
 
-    /// Admits, queues or refuses one validated request.
+    /// Admits, queues or refuses one request made in code (see
+    /// [`crate::validate::RequestBuilder`]). It is checked as a JSON one is: a request out
+    /// of its bounds is refused with the same reason, never handed to the policy.
+    ///
+    /// # Errors
+    /// Only the store's own failure.
     pub fn admit_request(&self, req: &Request, now_ms: i64) -> Result<Decision, StoreError> {
+        if let Err(e) = validate::check(req, &self.config()) {
+            return Ok(Decision::rejected(e.reason(), None));
+        }
+        self.admit_checked(req, now_ms)
+    }
+
+    /// Admits, queues or refuses one request already checked.
+    fn admit_checked(&self, req: &Request, now_ms: i64) -> Result<Decision, StoreError> {
         let policy = self.active_policy();
         self.transaction(|tx| self.admit_in(tx, policy.as_ref(), req, now_ms))
     }
