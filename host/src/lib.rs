@@ -14,6 +14,9 @@
 //!   every JSON body must have.
 //! - [`model`], [`reason`], [`explain`]: the vocabulary of requests, operations and
 //!   outcomes, and what a refusal says to people.
+//! - [`writer`], [`maintenance`]: the one writer that groups work from many callers into
+//!   one transaction (an async handle for tokio), and the housekeeping a serving engine
+//!   needs.
 //! - [`scenario`]: the conformance runner for scenario files, and the verifier swaps use.
 //! - [`simulate`]: discrete-event simulation of load, provider and callers over the real engine.
 //!
@@ -27,6 +30,7 @@ pub mod bucket;
 pub mod config;
 pub mod engine;
 pub mod explain;
+pub mod maintenance;
 pub mod model;
 pub mod reason;
 pub mod runtime;
@@ -36,5 +40,8 @@ pub mod simulate;
 
 pub mod store;
 pub mod validate;
+pub mod writer;
 
 pub use engine::Engine;
+pub use validate::RequestBuilder;
+pub use writer::Writer;

@@ -16,7 +16,7 @@ use axum::response::Response;
 use http_body_util::{BodyExt, Full};
 use serde_json::{json, Value};
 use std::time::Instant;
-use tollgate::engine::{Answer, Decision, Job, TenantLevels};
+use tollgate::engine::{Decision, TenantLevels};
 use tollgate::model::CallResult;
 use tollgate::reason::{Outcome, Reason};
 
@@ -127,12 +127,12 @@ async fn admit(
     s: &AppState,
     call: &ChatCall,
 ) -> Result<(Decision, Option<TenantLevels>), openai::ApiError> {
-    let job = Job::AdmitWithLevels {
-        request: call.request.clone(),
-        now_ms: s.clock.now_ms(),
-    };
-    match s.writer.submit(job).await {
-        Ok(Answer::DecisionWithLevels(d, levels)) => {
+    let admitted = s
+        .writer
+        .admit_with_levels(call.request.clone(), s.clock.now_ms())
+        .await;
+    match admitted {
+        Ok((d, levels)) => {
             let reason = d.reason.map_or("", |r| r.as_str());
             s.metrics
                 .decisions
@@ -140,7 +140,6 @@ async fn admit(
                 .inc();
             Ok((d, levels))
         }
-        Ok(_) => Err(openai::ApiError::new(500, "internal", "unexpected answer")),
         Err(crate::service::Failure::Unavailable(e)) => {
             tracing::warn!(error = %e, "store unavailable");
             Err(openai::ApiError::new(
@@ -158,14 +157,11 @@ async fn admit(
 }
 
 pub(super) async fn levels(s: &AppState, tenant: &str) -> Option<TenantLevels> {
-    let job = Job::TenantLevels {
-        tenant: tenant.to_string(),
-        now_ms: s.clock.now_ms(),
-    };
-    match s.writer.submit(job).await {
-        Ok(Answer::TenantLevels(l)) => l,
-        _ => None,
-    }
+    s.writer
+        .tenant_levels(tenant.to_string(), s.clock.now_ms())
+        .await
+        .ok()
+        .flatten()
 }
 
 /// The request sent upstream: the caller's body with the upstream's model name, the

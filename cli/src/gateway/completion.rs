@@ -11,7 +11,7 @@
 use super::ChatCall;
 use crate::service::{Failure, Shared};
 use std::time::Duration;
-use tollgate::engine::{Answer, Completion, Job, SavedAnswer};
+use tollgate::engine::{Completion, CompletionAnswer, SavedAnswer};
 use tollgate::model::{CallResult, RetryVerdict, Usage};
 
 /// The first wait before a kept completion is offered again; it doubles up to [`MAX_WAIT`].
@@ -69,7 +69,7 @@ pub async fn finish(
         ..Completion::succeeded(&call.tenant, &call.key)
     };
     match submit(s, completion.clone()).await {
-        Ok(Answer::Completion(a)) => {
+        Ok(a) => {
             if !a.ok {
                 tracing::warn!(tenant = %call.tenant, key = %call.key, attempt, error = ?a.error, "completion not applied");
             }
@@ -80,19 +80,15 @@ pub async fn finish(
             keep(s.clone(), completion);
             None
         }
-        other => {
-            tracing::error!(tenant = %call.tenant, key = %call.key, attempt, answer = ?other.err(), "completion failed");
+        Err(e) => {
+            tracing::error!(tenant = %call.tenant, key = %call.key, attempt, error = %e, "completion failed");
             None
         }
     }
 }
 
-async fn submit(s: &Shared, completion: Completion) -> Result<Answer, Failure> {
-    let job = Job::Complete {
-        completion,
-        now_ms: s.clock.now_ms(),
-    };
-    s.writer.submit(job).await
+async fn submit(s: &Shared, completion: Completion) -> Result<CompletionAnswer, Failure> {
+    s.writer.complete(completion, s.clock.now_ms()).await
 }
 
 /// Offers `completion` again until the store takes it, on a task of its own.
@@ -108,8 +104,8 @@ fn keep(s: Shared, completion: Completion) {
             match submit(&s, completion.clone()).await {
                 // Not applied: the operation had ended meanwhile (the completion reached the
                 // store before its acknowledgement was lost, or it was reconciled).
-                Ok(Answer::Completion(a)) if a.ok => break "applied",
-                Ok(Answer::Completion(a)) => {
+                Ok(a) if a.ok => break "applied",
+                Ok(a) => {
                     tracing::warn!(tenant = %completion.tenant, key = %completion.key, error = ?a.error, "kept completion not applied");
                     break "not_applied";
                 }

@@ -11,7 +11,7 @@ use axum::body::Body;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::Response;
 use serde::{Deserialize, Serialize};
-use tollgate::engine::{Answer, Job, SavedAnswer, TenantLevels};
+use tollgate::engine::{SavedAnswer, TenantLevels};
 
 /// The headers an answer is kept with: what its body is. Rate-limit headers are the
 /// tenant's levels at the time of the replay, never the saved ones.
@@ -102,13 +102,12 @@ pub async fn fetch(
     key: &str,
     levels: Option<&TenantLevels>,
 ) -> Option<Response> {
-    let job = Job::SavedAnswer {
-        tenant: tenant.to_string(),
-        key: key.to_string(),
-        now_ms: s.clock.now_ms(),
-    };
-    match s.writer.submit(job).await {
-        Ok(Answer::SavedAnswer(Some(bytes))) => response(bytes, levels),
+    let saved = s
+        .writer
+        .saved_answer(tenant.to_string(), key.to_string(), s.clock.now_ms())
+        .await;
+    match saved {
+        Ok(Some(bytes)) => response(bytes, levels),
         _ => None,
     }
 }

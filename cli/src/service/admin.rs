@@ -173,13 +173,10 @@ pub(super) async fn downstream(
     admin(&s, &headers)?;
     let bytes = read_body(&headers, body, s.engine.config().max_request_bytes).await?;
     let b: DownstreamBody = json_body(&bytes)?;
-    submit(
-        &s,
-        Job::SetDownstream {
-            available: b.available,
-        },
-    )
-    .await?;
+    s.writer
+        .set_downstream(b.available)
+        .await
+        .map_err(store_refusal)?;
     tracing::info!(available = b.available, "downstream marked");
     Ok(axum::Json(json!({"ok": true, "available": b.available})).into_response())
 }
@@ -225,13 +222,8 @@ pub(super) async fn inspect(
 ) -> Result<Response, Refusal> {
     admin(&s, &headers)?;
     let (page, _) = page_of(query, false)?;
-    let job = Job::Inspect {
-        now_ms: s.clock.now_ms(),
-        page,
-    };
-    let Answer::Inspection(i) = submit(&s, job).await? else {
-        return Err(refuse(500, "internal"));
-    };
+    let i = s.writer.inspect(s.clock.now_ms(), page).await;
+    let i = i.map_err(store_refusal)?;
     Ok(axum::Json(json!(i)).into_response())
 }
 
@@ -243,9 +235,8 @@ pub(super) async fn operations_list(
 ) -> Result<Response, Refusal> {
     admin(&s, &headers)?;
     let (page, state) = page_of(query, true)?;
-    let Answer::Operations(page) = submit(&s, Job::Operations { state, page }).await? else {
-        return Err(refuse(500, "internal"));
-    };
+    let page = s.writer.operations(state, page).await;
+    let page = page.map_err(store_refusal)?;
     Ok(axum::Json(json!(page)).into_response())
 }
 
@@ -297,14 +288,12 @@ async fn metrics_answer(s: &AppState, per_tenant: bool) -> Result<Response, Refu
 
 /// Reads the bucket, slot and queue levels from the store into their gauges.
 pub(super) async fn refresh_levels(s: &AppState) -> Result<(), Refusal> {
-    if let Answer::Inspection(i) = submit(
-        s,
-        Job::Levels {
-            now_ms: s.clock.now_ms(),
-        },
-    )
-    .await?
     {
+        let i = s
+            .writer
+            .levels(s.clock.now_ms())
+            .await
+            .map_err(store_refusal)?;
         for (name, credits) in &i.buckets {
             s.metrics
                 .buckets

@@ -276,3 +276,17 @@ impl Default for Metrics {
         Self::new()
     }
 }
+
+/// The writer's batches and its housekeeping sweeps, counted.
+impl tollgate::writer::WriterObserver for Metrics {
+    fn batch(&self, jobs: usize, took: std::time::Duration) {
+        self.batch_jobs.observe(jobs as f64);
+        self.batch_seconds.observe(took.as_secs_f64());
+    }
+
+    fn swept(&self, s: &tollgate::engine::Sweep) {
+        self.abandoned.inc_by(s.abandoned.len() as u64);
+        self.retention_deleted.inc_by(s.deleted);
+        self.unknown_operations.set(s.unknown as i64);
+    }
+}

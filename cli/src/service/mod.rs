@@ -3,15 +3,14 @@
 //! Checks run in a fixed order, each answering before anything is read or spent: the key
 //! (401), its role (403), the body size (413, cut off, never read whole), the body's JSON and
 //! types (400). What a refused client is still sending is drained, bounded (`linger`).
-//! Engine work goes to the one writer thread (group commit), taken round robin across
-//! tenants; hot swaps compile on a blocking thread and switch atomically. Connections are
+//! Engine work goes to the library's one writer thread (group commit), taken round robin
+//! across tenants; hot swaps compile on a blocking thread and switch atomically. Connections are
 //! bounded (`listen`).
 
 mod admin;
 mod auth;
 mod body;
 mod directory;
-mod intake;
 mod linger;
 mod listen;
 mod metrics;
@@ -21,13 +20,12 @@ mod server;
 mod ui;
 mod watch;
 mod worker;
-mod writer;
 
 pub use metrics::Metrics;
 pub(crate) use operations::STORE_RETRY_AFTER_MS;
 pub use server::{build, build_with, serve, shutdown_signal, watch_policy};
 pub use tollgate::config::{ConfigFile, Role};
-pub use writer::{Failure, Writer, WRITER_THREAD};
+pub use tollgate::writer::{Failure, Writer, WRITER_THREAD};
 
 use admin::*;
 pub(crate) use auth::role;
@@ -51,7 +49,7 @@ use serde_json::{json, Value};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tollgate::engine::{Answer, Completion, Engine, Job, Reconciliation};
+use tollgate::engine::{Completion, CompletionAnswer, Engine, Reconciliation};
 use tollgate::model::{CallResult, Resolution, Usage};
 use tollgate::reason::Reason;
 use tollgate::runtime::builtin;

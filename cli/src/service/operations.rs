@@ -3,8 +3,10 @@
 
 use super::*;
 
-pub(super) async fn submit(s: &AppState, job: Job) -> Result<Answer, Refusal> {
-    s.writer.submit(job).await.map_err(|e| match e {
+/// The writer's failure as the service's answer: 503 with a retry-after while the store is
+/// away, 500 otherwise.
+pub(super) fn store_refusal(e: Failure) -> Refusal {
+    match e {
         Failure::Unavailable(e) => {
             tracing::warn!(error = %e, "store unavailable");
             Refusal {
@@ -16,7 +18,7 @@ pub(super) async fn submit(s: &AppState, job: Job) -> Result<Answer, Refusal> {
             tracing::error!(error = %e, "store failure");
             refuse(500, "internal")
         }
-    })
+    }
 }
 
 /// The retry-after of a `store_unavailable` answer: about how long connecting again takes.
@@ -50,17 +52,11 @@ pub(super) async fn admit(
             return Err(refuse_for_request(&e));
         }
     };
-    let Answer::Decision(d) = submit(
-        &s,
-        Job::Admit {
-            request,
-            now_ms: s.clock.now_ms(),
-        },
-    )
-    .await?
-    else {
-        return Err(refuse(500, "internal"));
-    };
+    let d = s
+        .writer
+        .admit(request, s.clock.now_ms())
+        .await
+        .map_err(store_refusal)?;
     let reason = d.reason.map_or("", Reason::as_str);
     s.metrics
         .decisions
@@ -103,10 +99,7 @@ pub(super) struct ReconcileBody {
     attempt: Option<u32>,
 }
 
-pub(super) fn completion_response(answer: Answer) -> Result<Response, Refusal> {
-    let Answer::Completion(a) = answer else {
-        return Err(refuse(500, "internal"));
-    };
+pub(super) fn completion_response(a: CompletionAnswer) -> Result<Response, Refusal> {
     let status = match a.error {
         None => StatusCode::OK,
         Some("unknown_operation") => return Err(refuse(404, "unknown_operation")),
@@ -171,16 +164,8 @@ pub(super) async fn complete(
         attempt: r.body.attempt,
         answer: None,
     };
-    completion_response(
-        submit(
-            &s,
-            Job::Complete {
-                completion,
-                now_ms: s.clock.now_ms(),
-            },
-        )
-        .await?,
-    )
+    let answer = s.writer.complete(completion, s.clock.now_ms()).await;
+    completion_response(answer.map_err(store_refusal)?)
 }
 
 pub(super) async fn reconcile(
@@ -202,16 +187,8 @@ pub(super) async fn reconcile(
         worker: r.worker,
         attempt: r.body.attempt,
     };
-    completion_response(
-        submit(
-            &s,
-            Job::Reconcile {
-                reconciliation,
-                now_ms: s.clock.now_ms(),
-            },
-        )
-        .await?,
-    )
+    let answer = s.writer.reconcile(reconciliation, s.clock.now_ms()).await;
+    completion_response(answer.map_err(store_refusal)?)
 }
 
 pub(super) async fn operation(
@@ -223,10 +200,10 @@ pub(super) async fn operation(
         return Err(refuse(403, "forbidden"));
     };
     let key = check_key(key)?;
-    let Answer::Operation(op) = submit(&s, Job::Operation { tenant, key }).await? else {
-        return Err(refuse(500, "internal"));
-    };
-    let op = op.ok_or_else(|| refuse(404, "unknown_operation"))?;
+    let op = s.writer.operation(tenant, key).await;
+    let op = op
+        .map_err(store_refusal)?
+        .ok_or_else(|| refuse(404, "unknown_operation"))?;
     let mut body = json!({
         "state": op.state,
         "attempt": op.attempt,

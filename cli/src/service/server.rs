@@ -92,7 +92,8 @@ pub fn build_with(
     if !applied.tenants_kept_busy.is_empty() {
         tracing::warn!(tenants = ?applied.tenants_kept_busy, "tenants removed from the configuration still have work in flight: kept until a start finds them idle");
     }
-    let (writer, handle) = Writer::start(engine.clone(), metrics.clone(), config.max_connections);
+    let observer = Arc::new(metrics.clone());
+    let (writer, handle) = Writer::start(engine.clone(), config.max_connections, observer);
     let state = Arc::new(AppState {
         gateway,
         engine,

@@ -24,17 +24,7 @@ pub(super) async fn dispatch(
         return Err(refuse(403, "forbidden"));
     }
     let count = b.count.min(1000);
-    let Answer::Dispatch(a) = submit(
-        &s,
-        Job::Dispatch {
-            worker: name,
-            count,
-            now_ms: s.clock.now_ms(),
-        },
-    )
-    .await?
-    else {
-        return Err(refuse(500, "internal"));
-    };
+    let a = s.writer.dispatch(name, count, s.clock.now_ms()).await;
+    let a = a.map_err(store_refusal)?;
     Ok(axum::Json(json!(a)).into_response())
 }

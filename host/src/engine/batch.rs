@@ -262,10 +262,17 @@ impl<S: Store> Engine<S> {
             // A shared store's clock, read inside the transaction, is every replica's.
             let store_now = if store_time { tx.store_now_ms()? } else { None };
             let at = |now_ms: &i64| store_now.unwrap_or(*now_ms);
+            // A request made in code is checked as a JSON one is (the service's were).
+            let unchecked = |request: &Request| {
+                crate::validate::check(request, &self.config())
+                    .err()
+                    .map(|e| Decision::rejected(e.reason(), None))
+            };
             Ok(match &jobs[i] {
-                Job::Admit { request, now_ms } => {
-                    Answer::Decision(self.admit_in(tx, policy.as_ref(), request, at(now_ms))?)
-                }
+                Job::Admit { request, now_ms } => Answer::Decision(match unchecked(request) {
+                    Some(refused) => refused,
+                    None => self.admit_in(tx, policy.as_ref(), request, at(now_ms))?,
+                }),
                 Job::Complete { completion, now_ms } => Answer::Completion(self.complete_in(
                     tx,
                     policy.as_ref(),
@@ -286,7 +293,10 @@ impl<S: Store> Engine<S> {
                     Answer::Done
                 }
                 Job::AdmitWithLevels { request, now_ms } => {
-                    let decision = self.admit_in(tx, policy.as_ref(), request, at(now_ms))?;
+                    let decision = match unchecked(request) {
+                        Some(refused) => refused,
+                        None => self.admit_in(tx, policy.as_ref(), request, at(now_ms))?,
+                    };
                     let levels = self.tenant_levels_in(tx, &request.tenant, at(now_ms))?;
                     Answer::DecisionWithLevels(decision, levels)
                 }

@@ -1,0 +1,170 @@
+//! The housekeeping an engine needs while it serves: taking up tenants, keys and policies
+//! changed through other replicas, and sweeping (abandoned calls become `unknown`, records
+//! past retention and expired saved answers go). Each run is bounded work.
+//!
+//! A [`crate::writer::Writer`] does all of it between batches, so a program with a writer
+//! needs nothing more. A program that calls the [`Engine`] directly spawns
+//! [`spawn`] once and keeps the returned [`MaintenanceTask`] for as long as it serves.
+//!
+//! Housekeeping runs at the store's clock when it has one (PostgreSQL), else at this
+//! machine's: a program that drives the engine in logical time calls [`Engine::sweep`]
+//! itself, at its own times.
+
+use crate::engine::Engine;
+use crate::store::Store;
+use crate::writer::WriterObserver;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How often a tenant, key or policy change made through another replica is looked for.
+pub const SYNC_EVERY: Duration = Duration::from_millis(250);
+/// How often the engine is swept.
+pub const SWEEP_EVERY: Duration = Duration::from_secs(1);
+
+/// What is due when: call [`Maintenance::run_due`] often (at least every [`SYNC_EVERY`]).
+pub struct Maintenance<S: Store> {
+    engine: Arc<Engine<S>>,
+    observer: Arc<dyn WriterObserver>,
+    synced: Instant,
+    swept: Instant,
+}
+
+impl<S: Store> Maintenance<S> {
+    /// Housekeeping for `engine`, telling `observer` what each sweep did.
+    pub fn new(engine: Arc<Engine<S>>, observer: Arc<dyn WriterObserver>) -> Self {
+        let now = Instant::now();
+        Maintenance {
+            engine,
+            observer,
+            synced: now,
+            swept: now,
+        }
+    }
+
+    /// Takes up the store's tenants and keys if [`SYNC_EVERY`] has passed, and sweeps if
+    /// [`SWEEP_EVERY`] has. Failures are logged and tried again next time.
+    pub fn run_due(&mut self) {
+        if self.synced.elapsed() >= SYNC_EVERY {
+            self.synced = Instant::now();
+            match self.engine.sync_directory() {
+                Ok(true) => tracing::info!("tenants and keys taken up from the store"),
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "the store's tenants and keys could not be taken up")
+                }
+            }
+        }
+        if self.swept.elapsed() >= SWEEP_EVERY {
+            self.swept = Instant::now();
+            self.sweep();
+        }
+    }
+
+    /// One sweep, at the store's time when it has a clock of its own.
+    fn sweep(&self) {
+        let now = match self.engine.store_clock_ms() {
+            Ok(Some(now)) => now,
+            Ok(None) => wall_clock_ms(),
+            Err(_) => return,
+        };
+        match self.engine.sweep(now) {
+            Ok(s) => {
+                for (tenant, key) in &s.abandoned {
+                    tracing::warn!(%tenant, %key, "call abandoned: active past limits.max_call_ms, now unknown until reconciled");
+                }
+                self.observer.swept(&s);
+            }
+            Err(e) => tracing::warn!(error = %e, "housekeeping sweep failed"),
+        }
+    }
+}
+
+/// Takes up policy changes made through another replica, on a thread of its own until
+/// `stopped` says so: taking one up compiles it, which takes seconds for an interpreter's
+/// component and must not hold the writer.
+pub(crate) fn follow_policy<S: Store + Send + 'static>(
+    engine: Arc<Engine<S>>,
+    stopped: impl Fn() -> bool + Send + 'static,
+) -> Option<JoinHandle<()>> {
+    let spawned = std::thread::Builder::new()
+        .name("tollgate-policy-follower".into())
+        .spawn(move || {
+            while !stopped() {
+                std::thread::sleep(SYNC_EVERY);
+                match engine.sync_policy() {
+                    Ok(Some(p)) => tracing::info!(name = %p.name, sha256 = %p.sha256, "policy taken up from the store"),
+                    Ok(None) => {}
+                    Err(e) => tracing::warn!(error = %e, "the store's policy could not be taken up"),
+                }
+            }
+        });
+    match spawned {
+        Ok(handle) => Some(handle),
+        Err(e) => {
+            tracing::error!(error = %e, "the policy follower could not start: policy changes from other replicas are not taken up");
+            None
+        }
+    }
+}
+
+/// Housekeeping on threads of its own, until the task is stopped or dropped.
+pub struct MaintenanceTask {
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+/// Starts housekeeping for `engine`: for a program that calls the engine directly rather
+/// than through a [`crate::writer::Writer`] (which does this itself).
+///
+/// # Errors
+/// When the operating system refuses a thread.
+pub fn spawn<S: Store + Send + 'static>(
+    engine: Arc<Engine<S>>,
+    observer: Arc<dyn WriterObserver>,
+) -> std::io::Result<MaintenanceTask> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut threads = Vec::new();
+    let stopped = stop.clone();
+    threads.extend(follow_policy(engine.clone(), move || {
+        stopped.load(Ordering::Relaxed)
+    }));
+    let stopped = stop.clone();
+    let mut housekeeping = Maintenance::new(engine, observer);
+    threads.push(
+        std::thread::Builder::new()
+            .name("tollgate-maintenance".into())
+            .spawn(move || {
+                while !stopped.load(Ordering::Relaxed) {
+                    std::thread::sleep(SYNC_EVERY);
+                    housekeeping.run_due();
+                }
+            })?,
+    );
+    Ok(MaintenanceTask { stop, threads })
+}
+
+impl MaintenanceTask {
+    /// Stops housekeeping and waits for its threads (at most one round, a fraction of a
+    /// second, unless a policy is being compiled).
+    pub fn stop(self) {
+        drop(self);
+    }
+}
+
+impl Drop for MaintenanceTask {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Milliseconds since the Unix epoch.
+fn wall_clock_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}

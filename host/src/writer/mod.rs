@@ -1,0 +1,417 @@
+//! The one writer: work from every caller is queued to one thread, which runs it in
+//! batches, one store transaction per batch (group commit), each piece all or nothing.
+//! A piece is answered only after its batch committed. Batches are taken from the intake
+//! round robin across tenants (see `intake`).
+//!
+//! A program on tokio calls it with `.await` and never blocks a worker thread on the
+//! engine's lock: the typed methods ([`Writer::admit`], [`Writer::complete`],
+//! [`Writer::dispatch`], …) each send one job and wait for its committed answer. Between
+//! batches the writer thread also keeps the engine up to date and swept (see
+//! [`crate::maintenance`]), so a program with a writer needs no other housekeeping.
+
+mod intake;
+
+use crate::engine::{
+    Answer, Completion, CompletionAnswer, Decision, DispatchAnswer, Engine, Inspection, Job,
+    OperationView, OperationsPage, Page, Reconciliation, Sweep, TenantLevels,
+};
+use crate::maintenance::{self, Maintenance};
+use crate::model::{OpState, Request};
+use crate::store::{Store, StoreError};
+use intake::Intake;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+use tokio::runtime::Handle;
+use tokio::sync::oneshot;
+
+/// The writer thread's name (the HTTP bench finds its CPU time by it).
+pub const WRITER_THREAD: &str = "tollgate-writer";
+/// Most jobs in one transaction.
+pub const MAX_BATCH: usize = 128;
+/// Jobs waiting for the writer before submitters wait for room, at least.
+const QUEUE_BOUND: usize = 4096;
+/// Room kept above one job per submitter, for the program's own jobs (metrics, a policy
+/// watcher).
+const SPARE_ROOM: usize = 64;
+
+/// Why the writer could not answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Failure {
+    /// The store cannot be reached now; nothing was written. Worth retrying shortly (the
+    /// service answers 503 `store_unavailable`).
+    Unavailable(String),
+    /// Anything else: the store failed otherwise, or the writer has stopped.
+    Failed(String),
+}
+
+impl Failure {
+    fn of(e: &StoreError) -> Self {
+        if e.is_unavailable() {
+            Failure::Unavailable(e.to_string())
+        } else {
+            Failure::Failed(e.to_string())
+        }
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failure::Unavailable(e) | Failure::Failed(e) => f.write_str(e),
+        }
+    }
+}
+
+impl std::error::Error for Failure {}
+
+/// Told what the writer and its housekeeping did, for metrics. Every method has a default
+/// that does nothing.
+pub trait WriterObserver: Send + Sync + 'static {
+    /// A batch of `jobs` ran in one transaction that took `took`, commit included.
+    fn batch(&self, jobs: usize, took: Duration) {
+        let _ = (jobs, took);
+    }
+
+    /// A housekeeping sweep ended (see [`Engine::sweep`]).
+    fn swept(&self, sweep: &Sweep) {
+        let _ = sweep;
+    }
+}
+
+/// Observes nothing.
+pub struct NoObserver;
+
+impl WriterObserver for NoObserver {}
+
+/// Where one job's answer goes: its channel, and the runtime its submitter waits on.
+struct Reply {
+    to: oneshot::Sender<Result<Answer, Failure>>,
+    runtime: Option<Handle>,
+}
+
+/// The handle callers submit work through; clone it freely. The writer finishes (and
+/// commits) what it was given and ends once every handle is dropped.
+pub struct Writer {
+    intake: Arc<Intake<(Job, Reply)>>,
+}
+
+impl Clone for Writer {
+    fn clone(&self) -> Self {
+        self.intake.add_sender();
+        Writer {
+            intake: self.intake.clone(),
+        }
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        self.intake.remove_sender();
+    }
+}
+
+/// Closes the intake when the writer thread ends, unwinding included, so that nobody
+/// waits for an answer that will not come.
+struct CloseOnExit<'a>(&'a Intake<(Job, Reply)>);
+
+impl Drop for CloseOnExit<'_> {
+    fn drop(&mut self) {
+        self.0.close();
+    }
+}
+
+/// A job answered with another job's answer: a bug in the writer, never the caller's.
+fn out_of_turn(answer: Answer) -> Failure {
+    Failure::Failed(format!("the engine answered out of turn: {answer:?}"))
+}
+
+impl Writer {
+    /// Starts the writer thread over `engine`, and the thread that takes up policy changes
+    /// made through other replicas. `submitters` is how many callers may wait at once (the
+    /// service's connections: each has at most one request in flight); the intake has
+    /// room for all of them, so a tenant with many callers cannot keep the others'
+    /// requests out of their lanes by filling it.
+    pub fn start<S: Store + Send + 'static>(
+        engine: Arc<Engine<S>>,
+        submitters: usize,
+        observer: Arc<dyn WriterObserver>,
+    ) -> (Writer, JoinHandle<()>) {
+        let bound = QUEUE_BOUND.max(submitters.saturating_add(SPARE_ROOM));
+        let intake = Arc::new(Intake::new(bound));
+        let follower = intake.clone();
+        maintenance::follow_policy(engine.clone(), move || follower.is_closed());
+        let taken = intake.clone();
+        let handle = std::thread::Builder::new()
+            .name(WRITER_THREAD.into())
+            .spawn(move || {
+                let _close = CloseOnExit(&taken);
+                let mut housekeeping = Maintenance::new(engine.clone(), observer.clone());
+                while let Some(batch) = taken.take(MAX_BATCH, maintenance::SYNC_EVERY) {
+                    housekeeping.run_due();
+                    if batch.is_empty() {
+                        continue;
+                    }
+                    // Replicas on a shared store all use its clock, read in the batch's
+                    // transaction, so that skewed machine clocks cannot mint credits.
+                    let (jobs, replies): (Vec<Job>, Vec<Reply>) = batch.into_iter().unzip();
+                    let started = std::time::Instant::now();
+                    let result = engine.run_batch_at_store_time(&jobs);
+                    observer.batch(jobs.len(), started.elapsed());
+                    let answers: Vec<Result<Answer, Failure>> = match result {
+                        Ok(answers) => answers
+                            .into_iter()
+                            .map(|a| a.map_err(|e| Failure::of(&e)))
+                            .collect(),
+                        Err(e) => replies.iter().map(|_| Err(Failure::of(&e))).collect(),
+                    };
+                    deliver(replies, answers);
+                }
+            })
+            .expect("spawn the writer thread");
+        (Writer { intake }, handle)
+    }
+
+    /// Whether the writer thread still takes jobs (it closes the intake when it ends,
+    /// unwinding included).
+    pub fn is_running(&self) -> bool {
+        !self.intake.is_closed()
+    }
+
+    /// Submits one job and waits for its committed answer.
+    async fn submit(&self, job: Job) -> Result<Answer, Failure> {
+        let (to, answer) = oneshot::channel();
+        let reply = Reply {
+            to,
+            runtime: Handle::try_current().ok(),
+        };
+        let lane = job.tenant().map(str::to_string);
+        self.intake
+            .send(lane, (job, reply))
+            .await
+            .map_err(|_| Failure::Failed("the writer has stopped".into()))?;
+        answer
+            .await
+            .map_err(|_| Failure::Failed("the writer dropped the job".into()))?
+    }
+
+    /// Admits, queues or refuses a request; checked first as [`Engine::admit_request`]
+    /// checks it.
+    pub async fn admit(&self, request: Request, now_ms: i64) -> Result<Decision, Failure> {
+        match self.submit(Job::Admit { request, now_ms }).await? {
+            Answer::Decision(d) => Ok(d),
+            other => Err(out_of_turn(other)),
+        }
+    }
+
+    /// As [`Writer::admit`], with the tenant's buckets as they are after it, read in the
+    /// same transaction (for rate-limit headers); `None` for a tenant not configured.
+    pub async fn admit_with_levels(
+        &self,
+        request: Request,
+        now_ms: i64,
+    ) -> Result<(Decision, Option<TenantLevels>), Failure> {
+        match self
+            .submit(Job::AdmitWithLevels { request, now_ms })
+            .await?
+        {
+            Answer::DecisionWithLevels(d, levels) => Ok((d, levels)),
+            other => Err(out_of_turn(other)),
+        }
+    }
+
+    /// Reports how an active operation's call ended (see [`Engine::complete`]).
+    pub async fn complete(
+        &self,
+        completion: Completion,
+        now_ms: i64,
+    ) -> Result<CompletionAnswer, Failure> {
+        match self.submit(Job::Complete { completion, now_ms }).await? {
+            Answer::Completion(a) => Ok(a),
+            other => Err(out_of_turn(other)),
+        }
+    }
+
+    /// Resolves an unknown outcome (see [`Engine::reconcile`]).
+    pub async fn reconcile(
+        &self,
+        reconciliation: Reconciliation,
+        now_ms: i64,
+    ) -> Result<CompletionAnswer, Failure> {
+        let job = Job::Reconcile {
+            reconciliation,
+            now_ms,
+        };
+        match self.submit(job).await? {
+            Answer::Completion(a) => Ok(a),
+            other => Err(out_of_turn(other)),
+        }
+    }
+
+    /// The answer saved with an operation's success, while it is kept.
+    pub async fn saved_answer(
+        &self,
+        tenant: String,
+        key: String,
+        now_ms: i64,
+    ) -> Result<Option<Vec<u8>>, Failure> {
+        match self
+            .submit(Job::SavedAnswer {
+                tenant,
+                key,
+                now_ms,
+            })
+            .await?
+        {
+            Answer::SavedAnswer(a) => Ok(a),
+            other => Err(out_of_turn(other)),
+        }
+    }
+
+    /// Claims up to `count` queued durable jobs for `worker` (see [`Engine::dispatch`]).
+    pub async fn dispatch(
+        &self,
+        worker: String,
+        count: u32,
+        now_ms: i64,
+    ) -> Result<DispatchAnswer, Failure> {
+        let job = Job::Dispatch {
+            worker,
+            count,
+            now_ms,
+        };
+        match self.submit(job).await? {
+            Answer::Dispatch(a) => Ok(a),
+            other => Err(out_of_turn(other)),
+        }
+    }
+
+    /// Marks the downstream available or not.
+    pub async fn set_downstream(&self, available: bool) -> Result<(), Failure> {
+        match self.submit(Job::SetDownstream { available }).await? {
+            Answer::Done => Ok(()),
+            other => Err(out_of_turn(other)),
+        }
+    }
+
+    /// One operation, as the API shows it.
+    pub async fn operation(
+        &self,
+        tenant: String,
+        key: String,
+    ) -> Result<Option<OperationView>, Failure> {
+        match self.submit(Job::Operation { tenant, key }).await? {
+            Answer::Operation(op) => Ok(op),
+            other => Err(out_of_turn(other)),
+        }
+    }
+
+    /// Everything `inspect` shows, with one page of operations.
+    pub async fn inspect(&self, now_ms: i64, page: Page) -> Result<Inspection, Failure> {
+        match self.submit(Job::Inspect { now_ms, page }).await? {
+            Answer::Inspection(i) => Ok(*i),
+            other => Err(out_of_turn(other)),
+        }
+    }
+
+    /// As [`Writer::inspect`], without the operations (for metrics).
+    pub async fn levels(&self, now_ms: i64) -> Result<Inspection, Failure> {
+        match self.submit(Job::Levels { now_ms }).await? {
+            Answer::Inspection(i) => Ok(*i),
+            other => Err(out_of_turn(other)),
+        }
+    }
+
+    /// One page of operations, only those in `state` when given.
+    pub async fn operations(
+        &self,
+        state: Option<OpState>,
+        page: Page,
+    ) -> Result<OperationsPage, Failure> {
+        match self.submit(Job::Operations { state, page }).await? {
+            Answer::Operations(p) => Ok(p),
+            other => Err(out_of_turn(other)),
+        }
+    }
+
+    /// One tenant's request and token buckets (`None`: no such tenant).
+    pub async fn tenant_levels(
+        &self,
+        tenant: String,
+        now_ms: i64,
+    ) -> Result<Option<TenantLevels>, Failure> {
+        match self.submit(Job::TenantLevels { tenant, now_ms }).await? {
+            Answer::TenantLevels(l) => Ok(l),
+            other => Err(out_of_turn(other)),
+        }
+    }
+}
+
+/// Answers a committed batch. Waking a waiting request from outside the runtime costs a
+/// system call whenever a worker sleeps, which is most of the time while the writer is the
+/// busy one; so the batch's answers go to the runtime as one task, which wakes the
+/// requests from inside (one wake-up per batch instead of one per request).
+fn deliver(replies: Vec<Reply>, answers: Vec<Result<Answer, Failure>>) {
+    // The newest submitter's runtime is the one most surely still running.
+    let runtime = replies.iter().rev().find_map(|r| r.runtime.clone());
+    let send_all = move || {
+        for (reply, answer) in replies.into_iter().zip(answers) {
+            let _ = reply.to.send(answer);
+        }
+    };
+    match runtime {
+        Some(runtime) => {
+            runtime.spawn(async move { send_all() });
+        }
+        None => send_all(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::runtime::{builtin, PolicyLimits, Runtime};
+    use crate::store::SqliteStore;
+
+    fn engine() -> Arc<Engine<SqliteStore>> {
+        let runtime = Runtime::new().unwrap();
+        let policy = runtime
+            .load(
+                builtin::get("standard").unwrap(),
+                PolicyLimits::DEFAULT.any_size(),
+            )
+            .unwrap();
+        let config = Config::from_json(&serde_json::json!({"tenants": {"a": {}}})).unwrap();
+        let store = SqliteStore::in_memory().unwrap();
+        Arc::new(Engine::new(config, store, runtime, Arc::new(policy)))
+    }
+
+    #[test]
+    fn answers_reach_a_submitter_whose_runtime_started_after_another_ended() {
+        let (writer, thread) = Writer::start(engine(), 1, Arc::new(NoObserver));
+        // Each runtime is gone before the next one submits.
+        for _ in 0..3 {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            let answer = rt.block_on(writer.levels(0));
+            assert!(answer.is_ok(), "{answer:?}");
+        }
+        assert!(writer.is_running());
+        // A writer thread that ends (here: closed as its unwinding would) is seen as stopped.
+        writer.intake.close();
+        assert!(!writer.is_running());
+        let stopped = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(writer.levels(0));
+        assert_eq!(
+            stopped.unwrap_err(),
+            Failure::Failed("the writer has stopped".into())
+        );
+        drop(writer);
+        thread.join().unwrap();
+    }
+}
