@@ -1,8 +1,11 @@
 //! The library as an embedding team takes it: `examples/embedder`, a cargo project of its
 //! own outside the workspace, depends on the library with its `postgres` feature off. It
-//! must link no PostgreSQL driver, rustls or ring, build, and run: a `postgres://` store
-//! refused with a clear error, a call admitted and completed on a SQLite file, the same key
-//! answered from its operation, and the file readable afterwards by this build.
+//! must link no PostgreSQL driver, rustls or ring, build, and run from tokio: a
+//! `postgres://` store refused with a clear error; the engine started by the builder on a
+//! SQLite file; a call admitted and completed through the writer's async handle, the same
+//! key answered from its operation; a hand-built request refused naming its field; a
+//! hundred tasks admitted at once through the writer; the engine used directly beside its
+//! maintenance task; and the file readable afterwards by this build.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -94,6 +97,13 @@ fn a_sqlite_only_program_outside_the_workspace_links_no_postgres_and_runs() {
         out.contains(r#"again: {"outcome":"duplicate_completed""#),
         "{out}"
     );
+    assert!(out.contains("policy: Seeded"), "{out}");
+    assert!(
+        out.contains("refused: max_output_tokens: is required"),
+        "{out}"
+    );
+    assert!(out.contains("concurrent: 100 of 100 accepted"), "{out}");
+    assert!(out.contains("direct: Accepted"), "{out}");
 
     // What it wrote is the same store this build reads.
     let mut store = SqliteStore::open(&db).unwrap();

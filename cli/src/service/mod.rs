@@ -52,8 +52,6 @@ use std::time::Duration;
 use tollgate::engine::{Completion, CompletionAnswer, Engine, Reconciliation};
 use tollgate::model::{CallResult, Resolution, Usage};
 use tollgate::reason::Reason;
-use tollgate::runtime::builtin;
-use tollgate::runtime::LoadedPolicy;
 use tollgate::scenario::ScenarioVerifier;
 use tollgate::store::AnyStore;
 use tollgate::validate;

@@ -1,7 +1,7 @@
 //! Building the service (store, policy, writer) and serving it until shutdown.
 
 use super::*;
-use tollgate::engine::Adopted;
+use tollgate::engine::{Adopted, EngineBuilder};
 
 /// How often the SQLite WAL is copied back into the database file. Often enough that each
 /// checkpoint's `fsync` stays small: a large one stalls the writer's commits that meet it.
@@ -36,26 +36,22 @@ pub fn build_with(
     let histogram = metrics.policy_calls.clone();
     runtime.set_call_observer(Arc::new(move |d| histogram.observe(d.as_secs_f64())));
     let gateway = crate::gateway::Gateway::from_config(&config)?;
-    let bytes = builtin::resolve(&config.policy, None)?;
-    let policy: LoadedPolicy = runtime
-        .load(&bytes, config.engine.policy_limits())
+    let (policy_name, max_connections) = (config.policy.clone(), config.max_connections);
+    let max_connections_per_address = config.max_connections_per_address;
+    let verifier = Arc::new(verifier);
+    let started = EngineBuilder::new(config)
+        .runtime(runtime)
+        .verifier(verifier.clone())
+        .start(store, Clock::default().now_ms())
         .map_err(|e| e.to_string())?;
-    let engine = Arc::new(Engine::new(config.engine, store, runtime, Arc::new(policy)));
-    // The configured policy must pass the same checks as a swapped-in one; it is already
-    // active, so nothing is switched (and there is nothing to roll back to yet).
-    engine
-        .check_verified(&bytes, &verifier)
-        .map_err(|e| format!("policy {}: {e}", config.policy))?;
+    let engine = Arc::new(started.engine);
     // The store's policy wins over the file's: a swap survives restarts, and replicas agree.
-    match engine
-        .adopt_stored_policy(&bytes)
-        .map_err(|e| format!("the store's policy: {e}"))?
-    {
+    match started.adopted {
         Adopted::Seeded => {
-            tracing::info!(policy = %config.policy, "the store had no policy: it now keeps the configuration's")
+            tracing::info!(policy = %policy_name, "the store had no policy: it now keeps the configuration's")
         }
         Adopted::Same => {
-            tracing::info!(policy = %config.policy, "the configuration's policy is the store's active policy")
+            tracing::info!(policy = %policy_name, "the configuration's policy is the store's active policy")
         }
         Adopted::FromStore { stored, configured } => tracing::info!(
             active = %stored.name, active_sha256 = %stored.sha256,
@@ -63,19 +59,13 @@ pub fn build_with(
             "the configuration's policy is unchanged since the last start; the policy swapped in at run time stays active"
         ),
         Adopted::Installed { replaced } => tracing::info!(
-            policy = %config.policy, replaced_sha256 = %replaced,
+            policy = %policy_name, replaced_sha256 = %replaced,
             "the configuration's policy changed since the last start: installed as the active policy (rollback returns to the one it replaced)"
         ),
     }
     // The file's tenants and keys are applied at every start; those made through the admin
     // API are kept beside them.
-    let applied = engine
-        .adopt_directory(
-            &config.keys,
-            &config.worker_renames,
-            Clock::default().now_ms(),
-        )
-        .map_err(|e| format!("applying the configuration's tenants and keys: {e}"))?;
+    let applied = started.applied;
     tracing::info!(
         seeded = applied.seeded,
         tenants_created = ?applied.tenants_created,
@@ -93,16 +83,16 @@ pub fn build_with(
         tracing::warn!(tenants = ?applied.tenants_kept_busy, "tenants removed from the configuration still have work in flight: kept until a start finds them idle");
     }
     let observer = Arc::new(metrics.clone());
-    let (writer, handle) = Writer::start(engine.clone(), config.max_connections, observer);
+    let (writer, handle) = Writer::start(engine.clone(), max_connections, observer);
     let state = Arc::new(AppState {
         gateway,
         engine,
         writer,
         metrics,
         clock: Clock::default(),
-        verifier: Arc::new(verifier),
-        max_connections: config.max_connections,
-        max_connections_per_address: config.max_connections_per_address,
+        verifier,
+        max_connections,
+        max_connections_per_address,
         metrics_text: tokio::sync::Mutex::new(None),
     });
     set_policy_gauge(&state.engine, &state.metrics);

@@ -8,6 +8,7 @@
 mod admission;
 mod batch;
 mod budgets;
+mod builder;
 mod completion;
 mod directory;
 mod dispatch;
@@ -18,6 +19,7 @@ mod swap;
 
 pub use admission::Decision;
 pub use batch::{Answer, Job};
+pub use builder::{EngineBuilder, StartError, Started};
 pub use completion::{Completion, CompletionAnswer, Reconciliation, SavedAnswer};
 pub use directory::{DirectoryApplied, DirectoryError, KeyInfo};
 pub use dispatch::{Claim, DispatchAnswer, DispatchReason};
