@@ -8,7 +8,7 @@ mod common;
 use common::http::{Server, ADMIN, CALLER};
 use serde_json::{json, Value};
 use std::collections::HashSet;
-use tollgate::engine::{Completion, Page, Reconciliation};
+use tollgate::engine::{Completion, CompletionError, Page, Reconciliation};
 use tollgate::model::{CallResult, OpState};
 use tollgate::store::SqliteStore;
 
@@ -62,7 +62,7 @@ fn an_abandoned_call_becomes_unknown_keeps_its_slot_and_is_deleted_after_retenti
     let late = engine
         .complete(&Completion::succeeded("acme", "k1"), 1500)
         .unwrap();
-    assert_eq!(late.error, Some("not_active"));
+    assert_eq!(late.error, Some(CompletionError::NotActive));
     let r = Reconciliation {
         tenant: "acme".into(),
         key: "k1".into(),

@@ -49,7 +49,7 @@ use serde_json::{json, Value};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tollgate::engine::{Completion, CompletionAnswer, Engine, Reconciliation};
+use tollgate::engine::{Completion, CompletionAnswer, CompletionError, Engine, Reconciliation};
 use tollgate::model::{CallResult, Resolution, Usage};
 use tollgate::reason::Reason;
 use tollgate::scenario::ScenarioVerifier;

@@ -102,9 +102,13 @@ pub(super) struct ReconcileBody {
 pub(super) fn completion_response(a: CompletionAnswer) -> Result<Response, Refusal> {
     let status = match a.error {
         None => StatusCode::OK,
-        Some("unknown_operation") => return Err(refuse(404, "unknown_operation")),
-        Some("not_claimed") => return Err(refuse(403, "not_claimed")),
-        Some(_) => StatusCode::CONFLICT,
+        Some(CompletionError::UnknownOperation) => return Err(refuse(404, "unknown_operation")),
+        Some(CompletionError::NotClaimed) => return Err(refuse(403, "not_claimed")),
+        Some(
+            CompletionError::StaleAttempt
+            | CompletionError::NotActive
+            | CompletionError::NotUnknown,
+        ) => StatusCode::CONFLICT,
     };
     Ok((status, axum::Json(json!(a))).into_response())
 }

@@ -7,7 +7,7 @@ use super::Engine;
 use crate::model::{names, CallResult, OpState, Operation, RetryVerdict, Route, Usage};
 use crate::runtime::{self, Decider, Failure, GiveUpReason, RetryDecision};
 use crate::store::{QueuedJob, Store, StoreError, Tx};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// A caller's report of how an attempt ended.
 #[derive(Clone, Debug, PartialEq)]
@@ -87,10 +87,9 @@ pub struct Reconciliation {
 pub struct CompletionAnswer {
     /// Whether the report applied.
     pub ok: bool,
-    /// Why not (`not_active`, `not_unknown`, `unknown_operation`, `not_claimed`,
-    /// `stale_attempt`).
+    /// Why not.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<&'static str>,
+    pub error: Option<CompletionError>,
     /// After a failure: whether and when the host retries.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub retry: Option<RetryVerdict>,
@@ -99,11 +98,47 @@ pub struct CompletionAnswer {
     pub state: Option<OpState>,
 }
 
+/// Why a completion or reconciliation did not apply; nothing changed. Each is answered
+/// as its word (`"error": "not_active"`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CompletionError {
+    /// No operation has this key (for this tenant).
+    UnknownOperation,
+    /// A worker reported an attempt another worker claimed.
+    NotClaimed,
+    /// The report names an attempt older than the operation's current one.
+    StaleAttempt,
+    /// A completion for an operation that is not `active` (already ended, say).
+    NotActive,
+    /// A reconciliation for an operation that is not `unknown`.
+    NotUnknown,
+}
+
+impl CompletionError {
+    /// The word the API answers.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CompletionError::UnknownOperation => "unknown_operation",
+            CompletionError::NotClaimed => "not_claimed",
+            CompletionError::StaleAttempt => "stale_attempt",
+            CompletionError::NotActive => "not_active",
+            CompletionError::NotUnknown => "not_unknown",
+        }
+    }
+}
+
+impl std::fmt::Display for CompletionError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 impl CompletionAnswer {
-    fn error(word: &'static str) -> Self {
+    fn error(error: CompletionError) -> Self {
         CompletionAnswer {
             ok: false,
-            error: Some(word),
+            error: Some(error),
             retry: None,
             state: None,
         }
@@ -130,13 +165,15 @@ fn reported_operation(
     attempt: Option<u32>,
 ) -> Result<Result<Operation, CompletionAnswer>, StoreError> {
     let Some(op) = tx.operation(tenant, key)? else {
-        return Ok(Err(CompletionAnswer::error("unknown_operation")));
+        return Ok(Err(CompletionAnswer::error(
+            CompletionError::UnknownOperation,
+        )));
     };
     if worker.is_some() && op.worker != *worker {
-        return Ok(Err(CompletionAnswer::error("not_claimed")));
+        return Ok(Err(CompletionAnswer::error(CompletionError::NotClaimed)));
     }
     if attempt.is_some_and(|a| a != op.attempt) {
-        return Ok(Err(CompletionAnswer::error("stale_attempt")));
+        return Ok(Err(CompletionAnswer::error(CompletionError::StaleAttempt)));
     }
     Ok(Ok(op))
 }
@@ -202,7 +239,7 @@ impl<S: Store> Engine<S> {
             Err(refused) => return Ok(refused),
         };
         if op.state != OpState::Unknown {
-            return Ok(CompletionAnswer::error("not_unknown"));
+            return Ok(CompletionAnswer::error(CompletionError::NotUnknown));
         }
         self.finish_attempt(tx, &mut op, r.usage, now_ms)?;
         op.state = match r.resolution {
@@ -239,7 +276,7 @@ impl<S: Store> Engine<S> {
             return Ok(if op.last_result == Some(c.result) {
                 CompletionAnswer::done(&op)
             } else {
-                CompletionAnswer::error("not_active")
+                CompletionAnswer::error(CompletionError::NotActive)
             });
         }
         if c.result_ref.is_some() {

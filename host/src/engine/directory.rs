@@ -10,7 +10,7 @@
 use super::budgets::Budgets;
 use super::Engine;
 use crate::config::{ConfigError, Role, TenantConfig};
-use crate::store::{Store, StoreError, StoredKey, Tx};
+use crate::store::{KeyRole, Store, StoreError, StoredKey, Tx};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, HashMap};
@@ -30,40 +30,42 @@ pub struct KeyInfo {
     /// The key's public id.
     pub id: String,
     /// `caller`, `worker` or `admin`.
-    pub role: String,
+    pub role: KeyRole,
     /// A caller key's tenant.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tenant: Option<String>,
     /// A worker key's worker name.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// What the key gives, made with the fields above.
+    #[serde(skip)]
+    grants: Role,
 }
 
 impl KeyInfo {
     /// The role the key gives.
     pub fn as_role(&self) -> Role {
-        match (self.role.as_str(), &self.tenant, &self.name) {
-            ("caller", Some(tenant), _) => Role::Caller {
-                tenant: tenant.clone(),
-            },
-            ("worker", _, Some(name)) => Role::Worker { name: name.clone() },
-            _ => Role::Admin,
-        }
+        self.grants.clone()
     }
 
-    fn of(stored: &StoredKey) -> Option<KeyInfo> {
-        let (tenant, name) = match stored.role.as_str() {
-            "caller" => (Some(stored.subject.clone()), None),
-            "worker" => (None, Some(stored.subject.clone())),
-            "admin" => (None, None),
-            _ => return None,
+    fn of(stored: &StoredKey) -> KeyInfo {
+        let subject = stored.subject.clone();
+        let (tenant, name, grants) = match stored.role {
+            KeyRole::Caller => (
+                Some(subject.clone()),
+                None,
+                Role::Caller { tenant: subject },
+            ),
+            KeyRole::Worker => (None, Some(subject.clone()), Role::Worker { name: subject }),
+            KeyRole::Admin => (None, None, Role::Admin),
         };
-        Some(KeyInfo {
+        KeyInfo {
             id: stored.id.clone(),
-            role: stored.role.clone(),
+            role: stored.role,
             tenant,
             name,
-        })
+            grants,
+        }
     }
 }
 
@@ -127,21 +129,21 @@ fn random(n: usize) -> Result<Vec<u8>, StoreError> {
     Ok(bytes)
 }
 
-/// How a role is kept: its word and its subject.
-fn stored_role(role: &Role) -> (&'static str, String) {
+/// How a role is kept: its kind and its subject.
+fn stored_role(role: &Role) -> (KeyRole, String) {
     match role {
-        Role::Caller { tenant } => ("caller", tenant.clone()),
-        Role::Worker { name } => ("worker", name.clone()),
-        Role::Admin => ("admin", String::new()),
+        Role::Caller { tenant } => (KeyRole::Caller, tenant.clone()),
+        Role::Worker { name } => (KeyRole::Worker, name.clone()),
+        Role::Admin => (KeyRole::Admin, String::new()),
     }
 }
 
 fn new_key_record(key: &str, role: &Role) -> Result<StoredKey, StoreError> {
-    let (word, subject) = stored_role(role);
+    let (role, subject) = stored_role(role);
     Ok(StoredKey {
         id: format!("key_{}", hex(&random(8)?)),
         sha256: hex(&sha256(key)),
-        role: word.to_string(),
+        role,
         subject,
     })
 }
@@ -352,7 +354,8 @@ impl<S: Store> Engine<S> {
                 let dropped =
                     owned_before.keys.contains(&k.sha256) && !owned.keys.contains(&k.sha256);
                 // A removed tenant's caller keys go with it, whoever made them.
-                let orphan = k.role == "caller" && report.tenants_removed.contains(&k.subject);
+                let orphan =
+                    k.role == KeyRole::Caller && report.tenants_removed.contains(&k.subject);
                 if dropped || orphan {
                     tx.delete_api_key(&k.id)?;
                     report.keys_revoked += 1;
@@ -363,7 +366,7 @@ impl<S: Store> Engine<S> {
                 .iter()
                 .filter(|k| !owned.keys.contains(&k.sha256))
                 .count();
-            if !tx.api_keys()?.iter().any(|k| k.role == "admin") && !stored.is_empty() {
+            if !tx.api_keys()?.iter().any(|k| k.role == KeyRole::Admin) && !stored.is_empty() {
                 return Err(DirectoryError::LastAdmin);
             }
             if report.seeded {
@@ -434,7 +437,7 @@ impl<S: Store> Engine<S> {
         let table: KeyTable = snapshot
             .keys
             .iter()
-            .filter_map(|k| Some((unhex(&k.sha256)?, KeyInfo::of(k)?)))
+            .filter_map(|k| Some((unhex(&k.sha256)?, KeyInfo::of(k))))
             .collect();
         *self.keys.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(table);
         self.directory_generation
@@ -486,7 +489,7 @@ impl<S: Store> Engine<S> {
                 return Err(DirectoryError::Busy(name.to_string()));
             }
             for key in tx.api_keys()? {
-                if key.role == "caller" && key.subject == name {
+                if key.role == KeyRole::Caller && key.subject == name {
                     tx.delete_api_key(&key.id)?;
                     revoked.push(key.id);
                 }
@@ -569,7 +572,9 @@ impl<S: Store> Engine<S> {
                 return Err(DirectoryError::NotFound(format!("key {id}")));
             };
             self.check_not_file_owned(tx, None, Some(&key.sha256))?;
-            if key.role == "admin" && keys.iter().filter(|k| k.role == "admin").count() == 1 {
+            if key.role == KeyRole::Admin
+                && keys.iter().filter(|k| k.role == KeyRole::Admin).count() == 1
+            {
                 return Err(DirectoryError::LastAdmin);
             }
             tx.delete_api_key(id)?;

@@ -20,7 +20,7 @@ mod swap;
 pub use admission::Decision;
 pub use batch::{Answer, Job};
 pub use builder::{EngineBuilder, StartError, Started};
-pub use completion::{Completion, CompletionAnswer, Reconciliation, SavedAnswer};
+pub use completion::{Completion, CompletionAnswer, CompletionError, Reconciliation, SavedAnswer};
 pub use directory::{DirectoryApplied, DirectoryError, KeyInfo};
 pub use dispatch::{Claim, DispatchAnswer, DispatchReason};
 pub use housekeeping::{OperationsPage, Page, Sweep, MOST_PER_PAGE};

@@ -247,10 +247,50 @@ pub struct StoredKey {
     pub id: String,
     /// SHA-256 of the key, hex.
     pub sha256: String,
-    /// `caller`, `worker` or `admin`.
-    pub role: String,
+    /// What the key may do.
+    pub role: KeyRole,
     /// The caller's tenant, the worker's name, empty for an admin.
     pub subject: String,
+}
+
+/// What a stored key may do, as the store keeps it (`caller`, `worker`, `admin`). A word
+/// this release does not know is an error of the store, never read as some other role.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KeyRole {
+    /// Acts for one tenant (the key's subject).
+    Caller,
+    /// A dispatch worker (named by the key's subject).
+    Worker,
+    /// An operator.
+    Admin,
+}
+
+impl KeyRole {
+    /// The word the store keeps.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KeyRole::Caller => "caller",
+            KeyRole::Worker => "worker",
+            KeyRole::Admin => "admin",
+        }
+    }
+
+    /// The role a stored word names.
+    ///
+    /// # Errors
+    /// [`StoreError::Schema`] for a word this release does not know (a store written by a
+    /// later release, or edited by hand): refused rather than guessed.
+    pub fn from_stored(word: &str, key_id: &str) -> Result<KeyRole, StoreError> {
+        match word {
+            "caller" => Ok(KeyRole::Caller),
+            "worker" => Ok(KeyRole::Worker),
+            "admin" => Ok(KeyRole::Admin),
+            other => Err(StoreError::Schema(format!(
+                "api key {key_id} has the role {other:?}, which this release does not know"
+            ))),
+        }
+    }
 }
 
 /// The rows a batch of jobs will read, named up front so that a store that pays a round trip

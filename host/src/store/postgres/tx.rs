@@ -9,7 +9,7 @@ use super::wire::{self, Wanted};
 use crate::bucket;
 use crate::model::{Operation, Priority};
 use crate::store::row_cache::RowCache;
-use crate::store::{Prefetch, QueuedJob, StoreError, StoredKey, Tx};
+use crate::store::{KeyRole, Prefetch, QueuedJob, StoreError, StoredKey, Tx};
 use postgres::{Client, Row, Statement};
 
 /// A transaction open on the connection, with the caches of the batch it belongs to.
@@ -364,21 +364,23 @@ impl Tx for PgTx<'_> {
     }
     fn api_keys(&mut self) -> Result<Vec<StoredKey>, StoreError> {
         let rows = self.client.query(&self.st.api_keys, &[])?;
-        Ok(rows
-            .iter()
-            .map(|r| StoredKey {
-                id: r.get(0),
-                sha256: r.get(1),
-                role: r.get(2),
-                subject: r.get(3),
+        rows.iter()
+            .map(|r| {
+                let id: String = r.get(0);
+                Ok(StoredKey {
+                    role: KeyRole::from_stored(r.get(2), &id)?,
+                    id,
+                    sha256: r.get(1),
+                    subject: r.get(3),
+                })
             })
-            .collect())
+            .collect()
     }
     fn put_api_key(&mut self, key: &StoredKey) -> Result<(), StoreError> {
         self.need_store()?;
         self.exec(
             &self.st.put_api_key,
-            &[&key.id, &key.sha256, &key.role, &key.subject],
+            &[&key.id, &key.sha256, &key.role.as_str(), &key.subject],
         )
         .map(drop)
     }

@@ -2,7 +2,7 @@
 //! the row cache, operations and queues in SQL.
 
 use super::super::row_cache::RowCache;
-use super::super::{QueuedJob, StoreError, StoredKey, Tx};
+use super::super::{KeyRole, QueuedJob, StoreError, StoredKey, Tx};
 use crate::bucket;
 use crate::model::{Operation, Priority};
 use rusqlite::{params, Connection, OptionalExtension};
@@ -415,14 +415,24 @@ impl Tx for SqliteTx<'_> {
             .tx
             .prepare_cached("SELECT id, sha256, role, subject FROM api_keys ORDER BY id")?;
         let rows = st.query_map([], |r| {
-            Ok(StoredKey {
-                id: r.get(0)?,
-                sha256: r.get(1)?,
-                role: r.get(2)?,
-                subject: r.get(3)?,
-            })
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, String>(2)?,
+                r.get::<_, String>(3)?,
+            ))
         })?;
-        Ok(rows.collect::<Result<_, _>>()?)
+        let mut keys = Vec::new();
+        for row in rows {
+            let (id, sha256, role, subject) = row?;
+            keys.push(StoredKey {
+                role: KeyRole::from_stored(&role, &id)?,
+                id,
+                sha256,
+                subject,
+            });
+        }
+        Ok(keys)
     }
 
     fn put_api_key(&mut self, key: &StoredKey) -> Result<(), StoreError> {
@@ -430,7 +440,7 @@ impl Tx for SqliteTx<'_> {
             .prepare_cached(
                 "INSERT INTO api_keys (id, sha256, role, subject) VALUES (?1, ?2, ?3, ?4)",
             )?
-            .execute(params![key.id, key.sha256, key.role, key.subject])?;
+            .execute(params![key.id, key.sha256, key.role.as_str(), key.subject])?;
         Ok(())
     }
 
