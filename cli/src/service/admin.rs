@@ -11,7 +11,7 @@ pub(super) async fn healthz(State(s): State<Shared>) -> Response {
     if s.writer.is_running() {
         "ok\n".into_response()
     } else {
-        refuse(503, "writer_stopped").into_response()
+        refuse(Rejection::WriterStopped).into_response()
     }
 }
 
@@ -35,7 +35,7 @@ pub(super) async fn policy_put(
     let result =
         tokio::task::spawn_blocking(move || engine.swap_policy_verified(&bytes, verifier.as_ref()))
             .await
-            .map_err(|_| refuse(500, "internal"))?;
+            .map_err(|_| refuse(Rejection::Internal))?;
     match result {
         Ok(identity) => {
             tracing::info!(name = %identity.name, version = %identity.version, sha256 = %identity.sha256, "policy activated");
@@ -44,7 +44,7 @@ pub(super) async fn policy_put(
         }
         Err(e @ tollgate::engine::SwapError::Store(_)) => {
             tracing::warn!(error = %e, "the store could not record the policy");
-            Err(refuse(503, "store_unavailable"))
+            Err(refuse(Rejection::StoreUnavailable))
         }
         Err(e) => {
             tracing::warn!(error = %e, "policy refused");
@@ -63,7 +63,7 @@ pub(super) async fn policy_rollback(
     let engine = s.engine.clone();
     let rolled = tokio::task::spawn_blocking(move || engine.rollback())
         .await
-        .map_err(|_| refuse(500, "internal"))?;
+        .map_err(|_| refuse(Rejection::Internal))?;
     match rolled {
         Ok(identity) => {
             tracing::info!(name = %identity.name, sha256 = %identity.sha256, "policy rolled back");
@@ -98,7 +98,7 @@ pub(super) async fn shadow_put(
 ) -> Result<Response, Refusal> {
     admin(&s, &headers)?;
     let sample = query
-        .map_err(|_| refuse(400, "invalid_request"))?
+        .map_err(|_| refuse(Rejection::InvalidRequest))?
         .0
         .sample
         .unwrap_or(1.0);
@@ -109,7 +109,7 @@ pub(super) async fn shadow_put(
         engine.install_shadow(&bytes, verifier.as_ref(), sample)
     })
     .await
-    .map_err(|_| refuse(500, "internal"))?;
+    .map_err(|_| refuse(Rejection::Internal))?;
     match result {
         Ok(identity) => {
             tracing::info!(name = %identity.name, sha256 = %identity.sha256, sample, "shadow policy installed");
@@ -117,7 +117,7 @@ pub(super) async fn shadow_put(
         }
         Err(e @ tollgate::engine::SwapError::Store(_)) => {
             tracing::warn!(error = %e, "the store could not record the policy");
-            Err(refuse(503, "store_unavailable"))
+            Err(refuse(Rejection::StoreUnavailable))
         }
         Err(e) => {
             tracing::warn!(error = %e, "shadow policy refused");
@@ -135,7 +135,7 @@ pub(super) async fn shadow_get(
     admin(&s, &headers)?;
     match s.engine.shadow_report() {
         Some(report) => Ok(axum::Json(json!(report)).into_response()),
-        None => Err(refuse(404, "no_shadow_policy")),
+        None => Err(refuse(Rejection::NoShadowPolicy)),
     }
 }
 
@@ -147,15 +147,15 @@ pub(super) async fn shadow_delete(
     let engine = s.engine.clone();
     let removed = tokio::task::spawn_blocking(move || engine.remove_shadow())
         .await
-        .map_err(|_| refuse(500, "internal"))?
-        .map_err(|_| refuse(503, "store_unavailable"))?;
+        .map_err(|_| refuse(Rejection::Internal))?
+        .map_err(|_| refuse(Rejection::StoreUnavailable))?;
     match removed {
         Some(identity) => {
             tracing::info!(name = %identity.name, sha256 = %identity.sha256, "shadow policy removed");
             s.metrics.shadow.reset();
             Ok(axum::Json(json!({"removed": identity})).into_response())
         }
-        None => Err(refuse(404, "no_shadow_policy")),
+        None => Err(refuse(Rejection::NoShadowPolicy)),
     }
 }
 
@@ -195,21 +195,21 @@ fn page_of(
     query: Result<axum::extract::Query<PageQuery>, axum::extract::rejection::QueryRejection>,
     with_state: bool,
 ) -> Result<(Page, Option<OpState>), Refusal> {
-    let q = query.map_err(|_| refuse(400, "invalid_request"))?.0;
+    let q = query.map_err(|_| refuse(Rejection::InvalidRequest))?.0;
     let limit = q.limit.unwrap_or(MOST_PER_PAGE);
     if limit == 0 || limit > MOST_PER_PAGE {
-        return Err(refuse(400, "invalid_request"));
+        return Err(refuse(Rejection::InvalidRequest));
     }
     let after = match q.after {
-        Some(c) => Some(Page::parse_cursor(&c).ok_or_else(|| refuse(400, "invalid_request"))?),
+        Some(c) => Some(Page::parse_cursor(&c).ok_or_else(|| refuse(Rejection::InvalidRequest))?),
         None => None,
     };
     let state = match (q.state, with_state) {
         (None, _) => None,
         (Some(word), true) => {
-            Some(OpState::from_word(&word).ok_or_else(|| refuse(400, "invalid_request"))?)
+            Some(OpState::from_word(&word).ok_or_else(|| refuse(Rejection::InvalidRequest))?)
         }
-        (Some(_), false) => return Err(refuse(400, "invalid_request")),
+        (Some(_), false) => return Err(refuse(Rejection::InvalidRequest)),
     };
     Ok((Page { after, limit }, state))
 }
@@ -258,7 +258,7 @@ pub(super) async fn private_metrics(
     State(s): State<std::sync::Weak<AppState>>,
 ) -> Result<Response, Refusal> {
     let Some(s) = s.upgrade() else {
-        return Err(refuse(503, "stopping"));
+        return Err(refuse(Rejection::Stopping));
     };
     metrics_answer(&s, true).await
 }

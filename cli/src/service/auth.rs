@@ -13,7 +13,7 @@ pub(crate) fn role(s: &AppState, headers: &HeaderMap) -> Result<Role, Refusal> {
         _ => None,
     };
     key.and_then(|k| s.engine.role_of(k))
-        .ok_or_else(|| refuse(401, "unauthorized"))
+        .ok_or_else(|| refuse(Rejection::Unauthorized))
 }
 
 /// The token of a `Bearer <token>` credential; the scheme is case-insensitive (RFC 9110).
@@ -32,20 +32,20 @@ pub(super) fn acting_for(
 ) -> Result<(String, Option<String>), Refusal> {
     match role {
         Role::Caller { tenant } => match body_tenant {
-            Some(t) if t != tenant => Err(refuse(403, "forbidden")),
+            Some(t) if t != tenant => Err(refuse(Rejection::Forbidden)),
             _ => Ok((tenant, None)),
         },
         Role::Worker { name } => Ok((
-            body_tenant.ok_or_else(|| refuse(400, "invalid_request"))?,
+            body_tenant.ok_or_else(|| refuse(Rejection::InvalidRequest))?,
             Some(name),
         )),
-        Role::Admin => Err(refuse(403, "forbidden")),
+        Role::Admin => Err(refuse(Rejection::Forbidden)),
     }
 }
 
 pub(super) fn admin(s: &AppState, headers: &HeaderMap) -> Result<(), Refusal> {
     match role(s, headers)? {
         Role::Admin => Ok(()),
-        _ => Err(refuse(403, "forbidden")),
+        _ => Err(refuse(Rejection::Forbidden)),
     }
 }

@@ -15,15 +15,17 @@ pub(crate) async fn read_body(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > limit) {
-        return Err(refuse(413, "too_large"));
+        return Err(refuse(Rejection::TooLarge));
     }
     let limit = usize::try_from(limit).unwrap_or(usize::MAX);
     let read = http_body_util::Limited::new(body, limit).collect();
     match tokio::time::timeout(BODY_TIMEOUT, read).await {
-        Err(_) => Err(refuse(408, "timeout")),
+        Err(_) => Err(refuse(Rejection::Timeout)),
         Ok(Ok(collected)) => Ok(collected.to_bytes()),
-        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(refuse(413, "too_large")),
-        Ok(Err(_)) => Err(refuse(400, "invalid_request")),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
+            Err(refuse(Rejection::TooLarge))
+        }
+        Ok(Err(_)) => Err(refuse(Rejection::InvalidRequest)),
     }
 }
 
@@ -31,7 +33,7 @@ pub(super) fn json_body<T: for<'de> Deserialize<'de>>(bytes: &Bytes) -> Result<T
     let mut json = serde_json::Deserializer::from_slice(bytes);
     validate::from_object(&mut json)
         .and_then(|body| json.end().map(|()| body))
-        .map_err(|_| refuse(400, "invalid_request"))
+        .map_err(|_| refuse(Rejection::InvalidRequest))
 }
 
 /// An operation key (or another name) from the path, percent-decoded; `None` when that is not UTF-8. It never
@@ -51,6 +53,6 @@ impl<S: Send + Sync> FromRequestParts<S> for OpKey {
 pub(super) fn check_key(key: OpKey) -> Result<String, Refusal> {
     match key.0 {
         Some(k) if (1..=validate::MAX_KEY_CHARS).contains(&k.chars().count()) => Ok(k),
-        _ => Err(refuse(400, "invalid_request")),
+        _ => Err(refuse(Rejection::InvalidRequest)),
     }
 }

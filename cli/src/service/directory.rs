@@ -28,7 +28,7 @@ async fn blocking<T: Send + 'static>(
 ) -> Result<Result<T, DirectoryError>, Refusal> {
     tokio::task::spawn_blocking(f)
         .await
-        .map_err(|_| refuse(500, "internal"))
+        .map_err(|_| refuse(Rejection::Internal))
 }
 
 /// A tenant as listed: as written, and with the defaults applied.
@@ -46,7 +46,7 @@ fn tenant_view(engine: &Engine<AnyStore>, name: &str) -> Option<Value> {
 fn tenant_name(name: OpKey) -> Result<String, Refusal> {
     match name.0 {
         Some(n) if (1..=255).contains(&n.len()) => Ok(n),
-        _ => Err(refuse(400, "invalid_request")),
+        _ => Err(refuse(Rejection::InvalidRequest)),
     }
 }
 
@@ -72,7 +72,7 @@ pub(super) async fn tenant_get(
     let name = tenant_name(name)?;
     match tenant_view(&s.engine, &name) {
         Some(view) => Ok(axum::Json(view).into_response()),
-        None => Err(refuse(404, "not_found")),
+        None => Err(refuse(Rejection::NotFound)),
     }
 }
 
@@ -86,9 +86,9 @@ pub(super) async fn tenant_put(
     let name = tenant_name(name)?;
     let bytes = read_body(&headers, body, s.engine.config().max_request_bytes).await?;
     let written: Value =
-        serde_json::from_slice(&bytes).map_err(|_| refuse(400, "invalid_request"))?;
+        serde_json::from_slice(&bytes).map_err(|_| refuse(Rejection::InvalidRequest))?;
     if !written.is_object() {
-        return Err(refuse(400, "invalid_request"));
+        return Err(refuse(Rejection::InvalidRequest));
     }
     let engine = s.engine.clone();
     let tenant = name.clone();
@@ -137,7 +137,7 @@ pub(super) async fn keys_create(
     admin(&s, &headers)?;
     let bytes = read_body(&headers, body, s.engine.config().max_request_bytes).await?;
     let asked: NewKey =
-        serde_json::from_slice(&bytes).map_err(|_| refuse(400, "invalid_request"))?;
+        serde_json::from_slice(&bytes).map_err(|_| refuse(Rejection::InvalidRequest))?;
     let role = match asked {
         NewKey::Caller { tenant } => Role::Caller { tenant },
         NewKey::Worker { name } => Role::Worker { name },

@@ -116,7 +116,7 @@ pub type Shared = Arc<AppState>;
 pub fn metrics_router(state: &Shared) -> Router {
     Router::new()
         .route("/metrics", get(private_metrics))
-        .fallback(|| async { refuse(404, "not_found") })
+        .fallback(|| async { refuse(Rejection::NotFound) })
         .with_state(Arc::downgrade(state))
 }
 
@@ -152,8 +152,8 @@ pub fn router(state: Shared) -> Router {
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .route("/ui", get(ui::page))
-        .fallback(|| async { refuse(404, "not_found") })
-        .method_not_allowed_fallback(|| async { refuse(405, "method_not_allowed") })
+        .fallback(|| async { refuse(Rejection::NotFound) })
+        .method_not_allowed_fallback(|| async { refuse(Rejection::MethodNotAllowed) })
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             count_responses,

@@ -9,14 +9,11 @@ pub(super) fn store_refusal(e: Failure) -> Refusal {
     match e {
         Failure::Unavailable(e) => {
             tracing::warn!(error = %e, "store unavailable");
-            Refusal {
-                retry_after_ms: Some(STORE_RETRY_AFTER_MS),
-                ..refuse(503, "store_unavailable")
-            }
+            refuse_until(Rejection::StoreUnavailable, STORE_RETRY_AFTER_MS)
         }
         Failure::Failed(e) => {
             tracing::error!(error = %e, "store failure");
-            refuse(500, "internal")
+            refuse(Rejection::Internal)
         }
     }
 }
@@ -30,7 +27,7 @@ pub(super) async fn admit(
     body: Body,
 ) -> Result<Response, Refusal> {
     let Role::Caller { tenant } = role(&s, &headers)? else {
-        return Err(refuse(403, "forbidden"));
+        return Err(refuse(Rejection::Forbidden));
     };
     let limit = s.engine.config().max_request_bytes;
     let bytes = read_body(&headers, body, limit).await?;
@@ -40,7 +37,7 @@ pub(super) async fn admit(
             obj.insert("tenant".into(), json!(tenant));
         }
         Some(Value::String(t)) if *t == tenant => {}
-        Some(_) => return Err(refuse(403, "forbidden")),
+        Some(_) => return Err(refuse(Rejection::Forbidden)),
     }
     let request = match validate::parse(&Value::Object(obj), &s.engine.config()) {
         Ok(r) => r,
@@ -102,8 +99,8 @@ pub(super) struct ReconcileBody {
 pub(super) fn completion_response(a: CompletionAnswer) -> Result<Response, Refusal> {
     let status = match a.error {
         None => StatusCode::OK,
-        Some(CompletionError::UnknownOperation) => return Err(refuse(404, "unknown_operation")),
-        Some(CompletionError::NotClaimed) => return Err(refuse(403, "not_claimed")),
+        Some(CompletionError::UnknownOperation) => return Err(refuse(Rejection::UnknownOperation)),
+        Some(CompletionError::NotClaimed) => return Err(refuse(Rejection::NotClaimed)),
         Some(
             CompletionError::StaleAttempt
             | CompletionError::NotActive
@@ -124,7 +121,7 @@ pub(super) async fn report<T: for<'de> Deserialize<'de>>(
 ) -> Result<Report<T>, Refusal> {
     let role = role(s, headers)?;
     if role == Role::Admin {
-        return Err(refuse(403, "forbidden"));
+        return Err(refuse(Rejection::Forbidden));
     }
     let bytes = read_body(headers, body, s.engine.config().max_request_bytes).await?;
     let mut b: T = json_body(&bytes)?;
@@ -201,13 +198,13 @@ pub(super) async fn operation(
     headers: HeaderMap,
 ) -> Result<Response, Refusal> {
     let Role::Caller { tenant } = role(&s, &headers)? else {
-        return Err(refuse(403, "forbidden"));
+        return Err(refuse(Rejection::Forbidden));
     };
     let key = check_key(key)?;
     let op = s.writer.operation(tenant, key).await;
     let op = op
         .map_err(store_refusal)?
-        .ok_or_else(|| refuse(404, "unknown_operation"))?;
+        .ok_or_else(|| refuse(Rejection::UnknownOperation))?;
     let mut body = json!({
         "state": op.state,
         "attempt": op.attempt,

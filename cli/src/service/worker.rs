@@ -16,12 +16,12 @@ pub(super) async fn dispatch(
     body: Body,
 ) -> Result<Response, Refusal> {
     let Role::Worker { name } = role(&s, &headers)? else {
-        return Err(refuse(403, "forbidden"));
+        return Err(refuse(Rejection::Forbidden));
     };
     let bytes = read_body(&headers, body, s.engine.config().max_request_bytes).await?;
     let b: DispatchBody = json_body(&bytes)?;
     if b.worker.as_ref().is_some_and(|w| *w != name) {
-        return Err(refuse(403, "forbidden"));
+        return Err(refuse(Rejection::Forbidden));
     }
     let count = b.count.min(1000);
     let a = s.writer.dispatch(name, count, s.clock.now_ms()).await;
