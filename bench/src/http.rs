@@ -171,7 +171,7 @@ pub fn http(
     let pid = server.0.id();
     // A thread takes its name when it first runs, which may come after the server listens.
     let writer_before = (0..50).find_map(|_| {
-        let ticks = cpu_ticks(pid, Some(tollgate_cli::service::WRITER_THREAD));
+        let ticks = cpu_ticks(pid, Some(tollgate::writer::WRITER_THREAD));
         if ticks.is_none() {
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
@@ -188,7 +188,7 @@ pub fn http(
     figures.server_cpu_us_per_admission = spent(cpu_before.0, cpu_ticks(pid, None));
     figures.writer_cpu_us_per_admission = spent(
         cpu_before.1,
-        cpu_ticks(pid, Some(tollgate_cli::service::WRITER_THREAD)),
+        cpu_ticks(pid, Some(tollgate::writer::WRITER_THREAD)),
     );
     Ok(figures)
 }
@@ -234,7 +234,7 @@ pub fn http_postgres(
 ) -> Result<HttpFigures, String> {
     use tollgate::config::ConfigFile;
     use tollgate::store::{AnyStore, PgStore};
-    use tollgate_cli::service;
+    use tollgate_cli::server;
     let config = ConfigFile::from_json(&http_config(tenants)).map_err(|e| e.to_string())?;
     let schema = format!("tollgate_bench_{}", std::process::id());
     let mut servers = Vec::new();
@@ -245,7 +245,7 @@ pub fn http_postgres(
             PgStore::open_in_schema(url, &schema)
         }
         .map_err(|e| e.to_string())?;
-        servers.push(service::build(
+        servers.push(server::build(
             config.clone(),
             AnyStore::Postgres(Box::new(store)),
         )?);
@@ -264,11 +264,9 @@ pub fn http_postgres(
         addrs.push(listener.local_addr().map_err(|e| e.to_string())?);
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         stops.push(stop);
-        handles.push(
-            rt.spawn(service::serve(listener, state, writer, async move {
-                let _ = stopped.await;
-            })),
-        );
+        handles.push(rt.spawn(server::serve(listener, state, writer, async move {
+            let _ = stopped.await;
+        })));
     }
     let figures = load(&addrs, tenants, connections, requests);
     for stop in stops {

@@ -60,24 +60,24 @@ pub fn run(args: ServeArgs) -> Result<ExitCode, String> {
     }
     let config = ConfigFile::load(&config).map_err(|e| e.to_string())?;
     let store = AnyStore::open(&db).map_err(|e| format!("{db}: {e}"))?;
-    let (state, writer) = tollgate_cli::service::build_with(config, store, verify_with)?;
+    let (state, writer) = tollgate_cli::server::build_with(config, store, verify_with)?;
     let watcher = watch_policy.map(|path| {
         tracing::info!(path = %path.display(), "watching the policy");
-        tollgate_cli::service::watch_policy(&state, path)
+        tollgate_cli::service::watch_policy(&state.core, path)
     });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .map_err(|e| e.to_string())?;
     let shutdown = async move {
-        tollgate_cli::service::shutdown_signal().await;
+        tollgate_cli::server::shutdown_signal().await;
         // The watcher holds the engine: stop it before the writer drains.
         if let Some((stop, handle)) = watcher {
             stop.store(true, std::sync::atomic::Ordering::Relaxed);
             let _ = tokio::task::spawn_blocking(move || handle.join()).await;
         }
     };
-    let metrics_router = tollgate_cli::service::metrics_router(&state);
+    let metrics_router = tollgate_cli::service::metrics_router(&state.core);
     runtime.block_on(async move {
         if let Some(address) = metrics_listen {
             let listener = tokio::net::TcpListener::bind(&address).await.map_err(|e| format!("{address}: {e}"))?;
@@ -90,7 +90,7 @@ pub fn run(args: ServeArgs) -> Result<ExitCode, String> {
         }
         let listener = tokio::net::TcpListener::bind(&listen).await.map_err(|e| format!("{listen}: {e}"))?;
         tracing::info!(listen = %listener.local_addr().map_err(|e| e.to_string())?, db = %db, "serving");
-        tollgate_cli::service::serve(listener, state, writer, shutdown).await.map_err(|e| e.to_string())
+        tollgate_cli::server::serve(listener, state, writer, shutdown).await.map_err(|e| e.to_string())
     })?;
     Ok(ExitCode::SUCCESS)
 }

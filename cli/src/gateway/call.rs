@@ -8,8 +8,9 @@ use super::openai;
 use super::replay;
 use super::sse::{self, Splitter};
 use super::upstream::{self, Sent};
+use super::Shared;
 use super::{ChatCall, ModelRoute, MAX_ANSWER_BYTES};
-use crate::service::{AppState, Shared};
+use crate::http::AppState;
 use axum::body::{Body, Bytes};
 use axum::http::{header, HeaderMap, HeaderValue, Request, StatusCode};
 use axum::response::Response;
@@ -22,7 +23,7 @@ use tollgate::reason::{Outcome, Reason};
 
 /// Runs the call to its end and answers the caller.
 pub async fn run(s: Shared, call: ChatCall) -> Response {
-    let g = s.gateway.as_ref().expect("a gateway");
+    let g = &s.gateway;
     let route = &g.models[&call.model];
     let mut attempts = 0;
     loop {
@@ -140,14 +141,14 @@ async fn admit(
                 .inc();
             Ok((d, levels))
         }
-        Err(crate::service::Failure::Unavailable(e)) => {
+        Err(tollgate::writer::Failure::Unavailable(e)) => {
             tracing::warn!(error = %e, "store unavailable");
             Err(openai::ApiError::new(
                 503,
                 "store_unavailable",
                 "the store is unavailable; retry shortly",
             )
-            .retry_after(crate::service::STORE_RETRY_AFTER_MS))
+            .retry_after(crate::http::STORE_RETRY_AFTER_MS))
         }
         Err(e) => {
             tracing::error!(error = %e, "store failure");

@@ -9,10 +9,11 @@
 //! past `limits.max_call_ms`, is left to the sweep, which makes the operation `unknown`.
 
 use super::ChatCall;
-use crate::service::{Failure, Shared};
+use super::Shared;
 use std::time::Duration;
 use tollgate::engine::{Completion, CompletionAnswer, SavedAnswer};
 use tollgate::model::{CallResult, RetryVerdict, Usage};
+use tollgate::writer::Failure;
 
 /// The first wait before a kept completion is offered again; it doubles up to [`MAX_WAIT`].
 const FIRST_WAIT: Duration = Duration::from_millis(100);

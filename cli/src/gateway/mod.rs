@@ -15,7 +15,9 @@ mod sse;
 mod tokens;
 mod upstream;
 
-use crate::service::{AppState, Shared};
+use crate::http::auth::role;
+use crate::http::body::read_body;
+use crate::http::AppState;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::HeaderMap;
@@ -111,16 +113,37 @@ impl Gateway {
     }
 }
 
-/// The gateway's routes, added to the service's router when it is configured.
-pub fn routes(router: Router<Shared>) -> Router<Shared> {
-    router
+/// What the gateway's handlers share: the floor's state and the gateway's own.
+pub struct GatewayState {
+    /// The engine, the writer, metrics and the clock, shared with the service.
+    pub core: crate::http::Shared,
+    /// The models, their upstreams and the gateway's settings.
+    pub gateway: Gateway,
+}
+
+/// The floor's state is read through the gateway's (`s.engine`, `s.writer`, …).
+impl std::ops::Deref for GatewayState {
+    type Target = AppState;
+
+    fn deref(&self) -> &AppState {
+        &self.core
+    }
+}
+
+/// The gateway's state, shared by its handlers.
+pub type Shared = std::sync::Arc<GatewayState>;
+
+/// The gateway's routes, merged beside the service's by the server when it is configured.
+pub fn router(state: Shared) -> Router {
+    Router::new()
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/models", get(models))
+        .with_state(state)
 }
 
 /// The caller's tenant, or an OpenAI-shaped 401/403.
 fn caller(s: &AppState, headers: &HeaderMap) -> Result<String, ApiError> {
-    match crate::service::role(s, headers) {
+    match role(s, headers) {
         Ok(Role::Caller { tenant }) => Ok(tenant),
         Ok(_) => Err(ApiError::new(
             403,
@@ -139,9 +162,7 @@ async fn models(State(s): State<Shared>, headers: HeaderMap) -> Response {
     if let Err(e) = caller(&s, &headers) {
         return e.into_response();
     }
-    let Some(g) = &s.gateway else {
-        return openai::error(404, "not_found", "no gateway is configured");
-    };
+    let g = &s.gateway;
     let data: Vec<Value> = g
         .models
         .keys()
@@ -197,17 +218,14 @@ async fn chat_completions(State(s): State<Shared>, headers: HeaderMap, body: Bod
 /// Reads and checks the caller's request, counts its prompt, and makes the admission
 /// request of it.
 async fn read_call(
-    s: &AppState,
+    s: &GatewayState,
     headers: &HeaderMap,
     body: Body,
     tenant: String,
 ) -> Result<ChatCall, ApiError> {
-    let g = s
-        .gateway
-        .as_ref()
-        .expect("gateway routes exist only with a gateway");
+    let g = &s.gateway;
     let limit = s.engine.config().max_request_bytes;
-    let bytes: Bytes = crate::service::read_body(headers, body, limit)
+    let bytes: Bytes = read_body(headers, body, limit)
         .await
         .map_err(|r| ApiError::new(r.status.as_u16(), r.reason, "the request body was refused"))?;
     let invalid = |message: &str| ApiError::new(400, "invalid_request", message);

@@ -6,7 +6,7 @@
 //! keeps it, so every replica on one database replays it.
 
 use super::openai;
-use crate::service::AppState;
+use crate::http::AppState;
 use axum::body::Body;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::Response;

@@ -1,9 +1,22 @@
 //! The operators' endpoints: the policy (read, swap, roll back), downstream status,
 //! inspection, and `/metrics`.
 
-use super::*;
+use super::METRICS_FRESH_FOR;
+use crate::http::auth::admin;
+use crate::http::body::{json_body, read_body};
+use crate::http::refusal::{refuse, Refusal, Rejection};
+use crate::http::{AppState, Metrics, Shared};
+use crate::service::operations::store_refusal;
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::json;
+use tollgate::engine::Engine;
 use tollgate::engine::{Page, MOST_PER_PAGE};
 use tollgate::model::OpState;
+use tollgate::store::AnyStore;
 
 /// `GET /healthz`: ok while the writer takes jobs; 503 once it has stopped (the process
 /// then exits non-zero, for a supervisor to restart it).
@@ -329,7 +342,7 @@ pub(super) async fn refresh_levels(s: &AppState) -> Result<(), Refusal> {
     Ok(())
 }
 
-pub(super) fn set_policy_gauge(engine: &Engine<AnyStore>, metrics: &Metrics) {
+pub(crate) fn set_policy_gauge(engine: &Engine<AnyStore>, metrics: &Metrics) {
     let id = engine.policy_identity();
     metrics.policy.reset();
     metrics

@@ -1,8 +1,20 @@
 //! The operators' endpoints for the directory: tenants and keys, changed at run time and
 //! kept in the store (every replica on it takes a change up within a second).
 
-use super::*;
+use crate::http::auth::admin;
+use crate::http::body::{read_body, OpKey};
+use crate::http::refusal::{refuse, Refusal, Rejection};
+use crate::http::Shared;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tollgate::config::Role;
 use tollgate::engine::DirectoryError;
+use tollgate::engine::Engine;
+use tollgate::store::AnyStore;
 
 /// A directory refusal: its status, reason word and message.
 fn refused(e: DirectoryError) -> Response {

@@ -1,7 +1,24 @@
 //! The callers' and workers' endpoints on operations: admit, complete, reconcile, read
 //! one back.
 
-use super::*;
+use crate::http::auth::{acting_for, role};
+use crate::http::body::{check_key, json_body, read_body, OpKey};
+use crate::http::refusal::{
+    refuse, refuse_for, refuse_for_request, refuse_until, with_retry_after, Refusal, Rejection,
+};
+use crate::http::{AppState, Shared, STORE_RETRY_AFTER_MS};
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tollgate::config::Role;
+use tollgate::engine::{Completion, CompletionAnswer, CompletionError, Reconciliation};
+use tollgate::model::{CallResult, Resolution, Usage};
+use tollgate::reason::Reason;
+use tollgate::validate;
+use tollgate::writer::Failure;
 
 /// The writer's failure as the service's answer: 503 with a retry-after while the store is
 /// away, 500 otherwise.
@@ -17,9 +34,6 @@ pub(super) fn store_refusal(e: Failure) -> Refusal {
         }
     }
 }
-
-/// The retry-after of a `store_unavailable` answer: about how long connecting again takes.
-pub(crate) const STORE_RETRY_AFTER_MS: u64 = 1000;
 
 pub(super) async fn admit(
     State(s): State<Shared>,

@@ -2,7 +2,8 @@
 //! activated once it has stopped changing (debounced), after the same validation as any
 //! swap; each activation and refusal is logged.
 
-use super::{set_policy_gauge, Metrics};
+use super::set_policy_gauge;
+use crate::http::Metrics;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};

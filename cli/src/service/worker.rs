@@ -1,6 +1,17 @@
 //! The workers' endpoint: dispatch (claims of queued durable jobs).
 
-use super::*;
+use crate::http::auth::role;
+use crate::http::body::{json_body, read_body};
+use crate::http::refusal::{refuse, Refusal, Rejection};
+use crate::http::Shared;
+use crate::service::operations::store_refusal;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::json;
+use tollgate::config::Role;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -1,7 +1,11 @@
 //! The service's error answers, `{"outcome": "rejected", "reason": word, "message": ...}`,
 //! and `Retry-After` on any answer that carries a retry-after.
 
-use super::*;
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use serde_json::json;
+use tollgate::reason::Reason;
 
 /// The service's own refusals, one row each: its status, its reason word and what it means.
 /// Every check above the engine answers with one of these (the engine's own reasons come
@@ -103,15 +107,15 @@ impl Rejection {
 pub(crate) struct Refusal {
     pub(crate) status: StatusCode,
     pub(crate) reason: &'static str,
-    pub(super) retry_after_ms: Option<u64>,
+    pub(crate) retry_after_ms: Option<u64>,
     /// The sentence for people.
     pub(crate) message: String,
     /// The request's field at fault, for a request refused by validation.
-    pub(super) field: Option<String>,
+    pub(crate) field: Option<String>,
 }
 
 /// One of the service's own refusals, in its own words.
-pub(super) fn refuse(rejection: Rejection) -> Refusal {
+pub(crate) fn refuse(rejection: Rejection) -> Refusal {
     Refusal {
         status: rejection.status(),
         reason: rejection.reason(),
@@ -123,7 +127,7 @@ pub(super) fn refuse(rejection: Rejection) -> Refusal {
 
 /// One of the service's own refusals, cured by waiting `ms`: the sentence says so and the
 /// answer carries `Retry-After`.
-pub(super) fn refuse_until(rejection: Rejection, ms: u64) -> Refusal {
+pub(crate) fn refuse_until(rejection: Rejection, ms: u64) -> Refusal {
     Refusal {
         retry_after_ms: Some(ms),
         message: format!(
@@ -148,12 +152,12 @@ fn engine_refusal(reason: Reason, message: String) -> Refusal {
 }
 
 /// A refusal for one of the engine's reasons (validation, say), in the engine's words.
-pub(super) fn refuse_for(reason: Reason) -> Refusal {
+pub(crate) fn refuse_for(reason: Reason) -> Refusal {
     engine_refusal(reason, tollgate::explain::message(reason, None, None, None))
 }
 
 /// A request refused by validation: the reason, and the field and what is wrong with it.
-pub(super) fn refuse_for_request(e: &tollgate::validate::RequestError) -> Refusal {
+pub(crate) fn refuse_for_request(e: &tollgate::validate::RequestError) -> Refusal {
     let reason = e.reason();
     let message = tollgate::explain::message(reason, None, Some(&e.to_string()), None);
     Refusal {
@@ -177,7 +181,7 @@ impl IntoResponse for Refusal {
 }
 
 /// A JSON answer, with `Retry-After` (whole seconds, rounded up) when there is a retry-after.
-pub(super) fn with_retry_after(
+pub(crate) fn with_retry_after(
     status: StatusCode,
     body: impl Serialize,
     retry_after_ms: Option<u64>,

@@ -1,7 +1,10 @@
 //! Who is asking: the bearer key's role (401 when missing or unknown), and what that role
 //! may act for (403 otherwise).
 
-use super::*;
+use super::refusal::{refuse, Refusal, Rejection};
+use super::AppState;
+use axum::http::{header, HeaderMap};
+use tollgate::config::Role;
 
 /// The role of the request's bearer key: 401 when missing, unknown, of another scheme, or
 /// given in more than one `Authorization` header.
@@ -17,7 +20,7 @@ pub(crate) fn role(s: &AppState, headers: &HeaderMap) -> Result<Role, Refusal> {
 }
 
 /// The token of a `Bearer <token>` credential; the scheme is case-insensitive (RFC 9110).
-pub(super) fn bearer(credentials: &str) -> Option<&str> {
+pub(crate) fn bearer(credentials: &str) -> Option<&str> {
     let (scheme, token) = credentials.split_once(' ')?;
     scheme
         .eq_ignore_ascii_case("bearer")
@@ -26,7 +29,7 @@ pub(super) fn bearer(credentials: &str) -> Option<&str> {
 
 /// Who may complete or reconcile: a caller for its own tenant, or a worker naming the tenant
 /// in the body (and then only for jobs it claimed).
-pub(super) fn acting_for(
+pub(crate) fn acting_for(
     role: Role,
     body_tenant: Option<String>,
 ) -> Result<(String, Option<String>), Refusal> {
@@ -43,7 +46,7 @@ pub(super) fn acting_for(
     }
 }
 
-pub(super) fn admin(s: &AppState, headers: &HeaderMap) -> Result<(), Refusal> {
+pub(crate) fn admin(s: &AppState, headers: &HeaderMap) -> Result<(), Refusal> {
     match role(s, headers)? {
         Role::Admin => Ok(()),
         _ => Err(refuse(Rejection::Forbidden)),

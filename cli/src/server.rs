@@ -1,17 +1,40 @@
-//! Building the service (store, policy, writer) and serving it until shutdown.
+//! Building what `tollgate serve` serves (the engine, the writer, the floor's state, the
+//! gateway when configured), composing the service's and the gateway's routes over the
+//! floor, and serving them until shutdown.
 
-use super::*;
+use crate::gateway::{Gateway, GatewayState};
+use crate::http::{listen, AppState, Clock, Metrics, Shared, HEADER_TIMEOUT, MAX_HEAD_BYTES};
+use crate::service::set_policy_gauge;
+use axum::extract::{Request, State};
+use axum::response::Response;
+use axum::Router;
+use std::sync::Arc;
+use std::time::Duration;
+use tollgate::config::ConfigFile;
 use tollgate::engine::{Adopted, EngineBuilder};
+use tollgate::scenario::ScenarioVerifier;
+use tollgate::store::AnyStore;
+use tollgate::writer::Writer;
+
+/// What [`build`] makes: the floor's state every handler shares, and the gateway's when
+/// the configuration has one.
+#[derive(Clone)]
+pub struct Built {
+    /// The engine, the writer, metrics and the clock.
+    pub core: Shared,
+    /// The gateway's state, standing on the same floor.
+    pub gateway: Option<crate::gateway::Shared>,
+}
 
 /// How often the SQLite WAL is copied back into the database file. Often enough that each
 /// checkpoint's `fsync` stays small: a large one stalls the writer's commits that meet it.
-pub(super) const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_millis(50);
+pub(crate) const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// Builds the engine, the writer and the shared state from a configuration and a store.
 pub fn build(
     config: ConfigFile,
     store: AnyStore,
-) -> Result<(Shared, std::thread::JoinHandle<()>), String> {
+) -> Result<(Built, std::thread::JoinHandle<()>), String> {
     build_with(config, store, Vec::new())
 }
 
@@ -20,7 +43,7 @@ pub fn build_with(
     config: ConfigFile,
     mut store: AnyStore,
     verify_with: Vec<std::path::PathBuf>,
-) -> Result<(Shared, std::thread::JoinHandle<()>), String> {
+) -> Result<(Built, std::thread::JoinHandle<()>), String> {
     let verifier = ScenarioVerifier::new(verify_with);
     let metrics = Metrics::new();
     if let AnyStore::Sqlite(s) = &mut store {
@@ -35,7 +58,7 @@ pub fn build_with(
     let mut runtime = crate::runtime::runtime()?;
     let histogram = metrics.policy_calls.clone();
     runtime.set_call_observer(Arc::new(move |d| histogram.observe(d.as_secs_f64())));
-    let gateway = crate::gateway::Gateway::from_config(&config)?;
+    let gateway = Gateway::from_config(&config)?;
     let (policy_name, max_connections) = (config.policy.clone(), config.max_connections);
     let max_connections_per_address = config.max_connections_per_address;
     let verifier = Arc::new(verifier);
@@ -85,7 +108,6 @@ pub fn build_with(
     let observer = Arc::new(metrics.clone());
     let (writer, handle) = Writer::start(engine.clone(), max_connections, observer);
     let state = Arc::new(AppState {
-        gateway,
         engine,
         writer,
         metrics,
@@ -96,19 +118,59 @@ pub fn build_with(
         metrics_text: tokio::sync::Mutex::new(None),
     });
     set_policy_gauge(&state.engine, &state.metrics);
-    Ok((state, handle))
+    let gateway = gateway.map(|gateway| {
+        Arc::new(GatewayState {
+            core: state.clone(),
+            gateway,
+        })
+    });
+    let built = Built {
+        core: state,
+        gateway,
+    };
+    Ok((built, handle))
+}
+
+/// Every route: the service's, the gateway's beside them when configured, each response
+/// counted and what a refused client still sends drained (`linger`).
+pub fn router(built: &Built) -> Router {
+    let routes = crate::service::router(built.core.clone());
+    let routes = match &built.gateway {
+        Some(g) => routes.merge(crate::gateway::router(g.clone())),
+        None => routes,
+    };
+    routes
+        .layer(axum::middleware::from_fn_with_state(
+            built.core.clone(),
+            count_responses,
+        ))
+        .layer(axum::middleware::from_fn(crate::http::linger::linger))
+}
+
+async fn count_responses(
+    State(s): State<Shared>,
+    req: Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let response = next.run(req).await;
+    s.metrics
+        .responses
+        .with_label_values(&[response.status().as_str()])
+        .inc();
+    response
 }
 
 /// Serves until `shutdown` resolves: then stops accepting, lets requests in flight finish,
 /// and returns once the writer has committed everything it was given.
 pub async fn serve(
     listener: tokio::net::TcpListener,
-    state: Shared,
+    built: Built,
     writer_thread: std::thread::JoinHandle<()>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> std::io::Result<()> {
     use hyper_util::rt::{TokioIo, TokioTimer};
-    let app = router(state.clone());
+    let app = router(&built);
+    let state = built.core.clone();
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut shutdown = std::pin::pin!(shutdown);
     let mut acceptor = listen::Acceptor::new(
@@ -166,6 +228,7 @@ pub async fn serve(
     drop(app);
     // The last handles to the writer go with the state; then it drains, commits and ends.
     drop(state);
+    drop(built);
     tokio::task::spawn_blocking(move || writer_thread.join())
         .await
         .ok();
@@ -176,25 +239,6 @@ pub async fn serve(
     }
     tracing::info!("stopped");
     Ok(())
-}
-
-/// Starts watching a policy file or folder; the returned flag stops the watcher.
-pub fn watch_policy(
-    state: &Shared,
-    path: std::path::PathBuf,
-) -> (
-    Arc<std::sync::atomic::AtomicBool>,
-    std::thread::JoinHandle<()>,
-) {
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let handle = watch::spawn(
-        state.engine.clone(),
-        state.metrics.clone(),
-        path,
-        state.verifier.clone(),
-        stop.clone(),
-    );
-    (stop, handle)
 }
 
 /// Resolves on SIGTERM or SIGINT.

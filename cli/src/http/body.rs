@@ -1,7 +1,14 @@
 //! Reading what a client sends: bodies bounded in size and time, strict JSON objects, and
 //! operation keys from the path.
 
-use super::*;
+use super::refusal::{refuse, Refusal, Rejection};
+use super::BODY_TIMEOUT;
+use axum::body::{Body, Bytes};
+use axum::extract::{FromRequestParts, Path};
+use axum::http::{header, request::Parts, HeaderMap};
+use http_body_util::BodyExt;
+use serde::Deserialize;
+use tollgate::validate;
 
 /// Reads a body of at most `limit` bytes within [`BODY_TIMEOUT`]; larger bodies are cut off
 /// (what the client is still sending is drained by [`linger`]).
@@ -29,7 +36,7 @@ pub(crate) async fn read_body(
     }
 }
 
-pub(super) fn json_body<T: for<'de> Deserialize<'de>>(bytes: &Bytes) -> Result<T, Refusal> {
+pub(crate) fn json_body<T: for<'de> Deserialize<'de>>(bytes: &Bytes) -> Result<T, Refusal> {
     let mut json = serde_json::Deserializer::from_slice(bytes);
     validate::from_object(&mut json)
         .and_then(|body| json.end().map(|()| body))
@@ -38,7 +45,7 @@ pub(super) fn json_body<T: for<'de> Deserialize<'de>>(bytes: &Bytes) -> Result<T
 
 /// An operation key (or another name) from the path, percent-decoded; `None` when that is not UTF-8. It never
 /// refuses by itself, so that the key and role checks answer first (see [`check_key`]).
-pub(super) struct OpKey(pub(super) Option<String>);
+pub(crate) struct OpKey(pub(crate) Option<String>);
 
 impl<S: Send + Sync> FromRequestParts<S> for OpKey {
     type Rejection = std::convert::Infallible;
@@ -50,7 +57,7 @@ impl<S: Send + Sync> FromRequestParts<S> for OpKey {
 }
 
 /// The operation key, when it is UTF-8 of 1 to 255 characters.
-pub(super) fn check_key(key: OpKey) -> Result<String, Refusal> {
+pub(crate) fn check_key(key: OpKey) -> Result<String, Refusal> {
     match key.0 {
         Some(k) if (1..=validate::MAX_KEY_CHARS).contains(&k.chars().count()) => Ok(k),
         _ => Err(refuse(Rejection::InvalidRequest)),

@@ -1,0 +1,77 @@
+//! The floor both HTTP faces stand on: the state every handler shares (the engine, the
+//! writer, metrics, the clock), who is asking (`auth`), reading what they send (`body`),
+//! refusing in one table (`refusal`), bounding connections (`listen`) and draining what a
+//! refused client still sends (`linger`). The service (`crate::service`) and the gateway
+//! (`crate::gateway`) are siblings above it; the server (`crate::server`) composes them.
+
+pub mod auth;
+pub mod body;
+pub mod linger;
+pub mod listen;
+pub mod metrics;
+pub mod refusal;
+
+pub use metrics::Metrics;
+
+use axum::body::Bytes;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tollgate::engine::Engine;
+use tollgate::scenario::ScenarioVerifier;
+use tollgate::store::AnyStore;
+use tollgate::writer::Writer;
+
+/// How long a client may take to send its body (slow bodies are cut off with 408).
+pub const BODY_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a client may take to send its request headers.
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// Largest request head (request line and headers) a connection buffers: past it the HTTP
+/// stack answers 431. hyper's default, about 400 KiB, would let a client holding the
+/// permitted connections open make the server hold hundreds of MiB of headers.
+pub const MAX_HEAD_BYTES: usize = 64 << 10;
+/// The retry-after of a `store_unavailable` answer: about how long connecting again takes.
+pub const STORE_RETRY_AFTER_MS: u64 = 1000;
+
+/// A wall clock in Unix milliseconds that never steps backwards.
+#[derive(Default)]
+pub struct Clock {
+    last: AtomicI64,
+}
+
+impl Clock {
+    /// Now, or the latest time given before if the wall clock stepped back.
+    pub fn now_ms(&self) -> i64 {
+        let wall = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as i64)
+            .unwrap_or(0);
+        let prev = self.last.fetch_max(wall, Ordering::Relaxed);
+        prev.max(wall)
+    }
+}
+
+/// What every handler shares, the service's and the gateway's.
+pub struct AppState {
+    /// The engine, for what is read outside the writer (roles, the configuration).
+    pub engine: Arc<Engine<AnyStore>>,
+    /// The one writer every decision goes through.
+    pub writer: Writer,
+    /// Every series `/metrics` shows.
+    pub metrics: Metrics,
+    /// The time every decision is made at.
+    pub clock: Clock,
+    /// What every candidate policy must pass before activation (`--verify-with`).
+    pub verifier: Arc<ScenarioVerifier>,
+    /// Connections served at once (see `listen`).
+    pub max_connections: usize,
+    /// Connections one client address may hold.
+    pub max_connections_per_address: usize,
+    /// The last `/metrics` text and when it was made (see the service's
+    /// `METRICS_FRESH_FOR`); held while one request makes it, so that the others wait for
+    /// it instead of each making their own.
+    pub metrics_text: tokio::sync::Mutex<Option<(std::time::Instant, Bytes)>>,
+}
+
+/// The state every handler shares.
+pub type Shared = Arc<AppState>;
