@@ -1,11 +1,16 @@
 //! Work submitted in batches, for callers that group several decisions into one transaction
-//! (the HTTP service's single writer). Each job is still all or nothing on its own.
+//! (the writer, the simulator). Each job is still all or nothing on its own.
+//!
+//! A [`Batch`] made in code hands back a typed [`Ticket`] for each piece, and the
+//! [`Answers`] give each piece's answer in its own type: which answer belongs to which
+//! piece is this module's business, never the caller's.
 
 use super::budgets::Budgets;
 use super::{Completion, Reconciliation, DOWNSTREAM};
 use super::{CompletionAnswer, Decision, DispatchAnswer, Engine, Inspection, OperationView};
 use crate::model::Request;
 use crate::store::{Prefetch, Store, StoreError};
+use std::marker::PhantomData;
 
 /// One unit of engine work.
 #[derive(Clone, Debug)]
@@ -143,6 +148,143 @@ impl Job {
     }
 }
 
+/// Work for one transaction, made in code: each piece all or nothing on its own, each
+/// answered in its own type through the [`Ticket`] its method returned.
+#[derive(Clone, Debug, Default)]
+pub struct Batch {
+    jobs: Vec<Job>,
+}
+
+/// Where one piece's answer will be, typed by what it answers; taken once.
+#[derive(Debug)]
+pub struct Ticket<T> {
+    index: usize,
+    answer: PhantomData<fn() -> T>,
+}
+
+/// An answer a [`Ticket`] can be for.
+pub trait FromAnswer: Sized + private::Sealed {
+    /// The answer, when it is of this type.
+    #[doc(hidden)]
+    fn from_answer(answer: Answer) -> Option<Self>;
+}
+
+mod private {
+    /// Only this module's answer types are answers.
+    pub trait Sealed {}
+}
+
+impl private::Sealed for Decision {}
+impl FromAnswer for Decision {
+    fn from_answer(answer: Answer) -> Option<Self> {
+        match answer {
+            Answer::Decision(d) => Some(d),
+            _ => None,
+        }
+    }
+}
+
+impl private::Sealed for CompletionAnswer {}
+impl FromAnswer for CompletionAnswer {
+    fn from_answer(answer: Answer) -> Option<Self> {
+        match answer {
+            Answer::Completion(a) => Some(a),
+            _ => None,
+        }
+    }
+}
+
+impl private::Sealed for DispatchAnswer {}
+impl FromAnswer for DispatchAnswer {
+    fn from_answer(answer: Answer) -> Option<Self> {
+        match answer {
+            Answer::Dispatch(a) => Some(a),
+            _ => None,
+        }
+    }
+}
+
+impl Batch {
+    /// An empty batch.
+    pub fn new() -> Self {
+        Batch::default()
+    }
+
+    /// Pieces in the batch.
+    pub fn len(&self) -> usize {
+        self.jobs.len()
+    }
+
+    /// Whether the batch has no piece.
+    pub fn is_empty(&self) -> bool {
+        self.jobs.is_empty()
+    }
+
+    fn push<T>(&mut self, job: Job) -> Ticket<T> {
+        self.jobs.push(job);
+        Ticket {
+            index: self.jobs.len() - 1,
+            answer: PhantomData,
+        }
+    }
+
+    /// Admits, queues or refuses `request` at `now_ms` (checked first, as
+    /// [`Engine::admit_request`] checks it).
+    pub fn admit(&mut self, request: Request, now_ms: i64) -> Ticket<Decision> {
+        self.push(Job::Admit { request, now_ms })
+    }
+
+    /// Reports how an active operation's call ended.
+    pub fn complete(&mut self, completion: Completion, now_ms: i64) -> Ticket<CompletionAnswer> {
+        self.push(Job::Complete { completion, now_ms })
+    }
+
+    /// Resolves an unknown outcome.
+    pub fn reconcile(
+        &mut self,
+        reconciliation: Reconciliation,
+        now_ms: i64,
+    ) -> Ticket<CompletionAnswer> {
+        self.push(Job::Reconcile {
+            reconciliation,
+            now_ms,
+        })
+    }
+
+    /// Claims up to `count` queued jobs for `worker`.
+    pub fn dispatch(&mut self, worker: String, count: u32, now_ms: i64) -> Ticket<DispatchAnswer> {
+        self.push(Job::Dispatch {
+            worker,
+            count,
+            now_ms,
+        })
+    }
+}
+
+/// The answers to a [`Batch`], each taken by its ticket.
+#[derive(Debug)]
+pub struct Answers {
+    answers: Vec<Option<Result<Answer, StoreError>>>,
+}
+
+impl Answers {
+    /// The answer `ticket` stands for: what the engine decided, or the store's failure
+    /// for that piece alone.
+    ///
+    /// # Errors
+    /// The piece's own [`StoreError`]; or [`StoreError::Schema`] for a ticket of another
+    /// batch (its place empty or of another type), which a program's own tickets never are.
+    pub fn take<T: FromAnswer>(&mut self, ticket: Ticket<T>) -> Result<T, StoreError> {
+        let other_batch = || StoreError::Schema("a ticket of another batch".into());
+        let answer = self
+            .answers
+            .get_mut(ticket.index)
+            .and_then(Option::take)
+            .ok_or_else(other_batch)??;
+        T::from_answer(answer).ok_or_else(other_batch)
+    }
+}
+
 impl<S: Store> Engine<S> {
     /// The store's own clock, when it has one that must be the one clock (PostgreSQL).
     pub fn store_clock_ms(&self) -> Result<Option<i64>, StoreError> {
@@ -231,6 +373,19 @@ impl<S: Store> Engine<S> {
         hint.operations.sort();
         hint.operations.dedup();
         hint
+    }
+
+    /// Runs `batch` in one store transaction, each piece all or nothing on its own, at the
+    /// times its pieces carry; each answer is taken from the result by its ticket. Nothing
+    /// is answered before the transaction commits.
+    ///
+    /// # Errors
+    /// The store's failure for the whole transaction (nothing of it was written).
+    pub fn run(&self, batch: Batch) -> Result<Answers, StoreError> {
+        let answers = self.run_batch(&batch.jobs)?;
+        Ok(Answers {
+            answers: answers.into_iter().map(Some).collect(),
+        })
     }
 
     /// Runs `jobs` in one store transaction, each all or nothing on its own, and answers

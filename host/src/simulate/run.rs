@@ -8,11 +8,11 @@ use super::recorder::{Ending, Recorder};
 use super::rng::Rng;
 use super::summary::{Series, Summary, TenantSummary};
 use crate::engine::{
-    Answer, Completion, CompletionAnswer, Decision, DispatchAnswer, Job, Reconciliation,
+    Batch, Completion, CompletionAnswer, Decision, DispatchAnswer, Reconciliation, Ticket,
 };
 use crate::model::{CallResult, Request, Route, Usage};
 use crate::reason::Outcome;
-use crate::store::Store;
+use crate::store::{Store, StoreError};
 use crate::Engine;
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BinaryHeap};
@@ -121,15 +121,25 @@ struct Sim<'a, S: Store> {
     provider: Rng,
     engine_calls: u64,
     /// Engine work gathered for the current time, and what to do with each answer.
-    pending: Vec<(Job, Then)>,
+    pending: Batch,
+    thens: Vec<Then>,
 }
 
 /// What an engine answer sets in motion.
 enum Then {
-    Admitted(u32),
-    Completed { op: u32, attempt: u32, call: Call },
-    Reconciled { op: u32, output_tokens: u64 },
-    Dispatched(u32),
+    Admitted(u32, Ticket<Decision>),
+    Completed {
+        op: u32,
+        attempt: u32,
+        call: Call,
+        answer: Ticket<CompletionAnswer>,
+    },
+    Reconciled {
+        op: u32,
+        output_tokens: u64,
+        answer: Ticket<CompletionAnswer>,
+    },
+    Dispatched(u32, Ticket<DispatchAnswer>),
 }
 
 /// The key of operation `id`: unique within the run.
@@ -188,7 +198,8 @@ pub fn run<S: Store>(
         worker_names: (0..workers).map(|w| format!("sim-worker-{w}")).collect(),
         provider: Rng::new(sim.seed, u64::MAX),
         engine_calls: 0,
-        pending: Vec::new(),
+        pending: Batch::new(),
+        thens: Vec::new(),
     };
     for w in 0..workers {
         let offset = (sim.workers.poll_ms * w as u64 / workers.max(1) as u64) as i64;
@@ -281,13 +292,8 @@ impl<'a, S: Store> Sim<'a, S> {
             priority: a.priority,
             labels: BTreeMap::new(),
         };
-        self.pending.push((
-            Job::Admit {
-                request,
-                now_ms: now,
-            },
-            Then::Admitted(op),
-        ));
+        let decision = self.pending.admit(request, now);
+        self.thens.push(Then::Admitted(op, decision));
     }
 
     fn admitted(&mut self, op: u32, now: i64, d: Decision) {
@@ -445,13 +451,13 @@ impl<'a, S: Store> Sim<'a, S> {
             attempt: Some(attempt),
             answer: None,
         };
-        self.pending.push((
-            Job::Complete {
-                completion,
-                now_ms: now,
-            },
-            Then::Completed { op, attempt, call },
-        ));
+        let answer = self.pending.complete(completion, now);
+        self.thens.push(Then::Completed {
+            op,
+            attempt,
+            call,
+            answer,
+        });
     }
 
     fn completed(
@@ -518,13 +524,12 @@ impl<'a, S: Store> Sim<'a, S> {
             worker: None,
             attempt: Some(attempt),
         };
-        self.pending.push((
-            Job::Reconcile {
-                reconciliation: rec,
-                now_ms: now,
-            },
-            Then::Reconciled { op, output_tokens },
-        ));
+        let answer = self.pending.reconcile(rec, now);
+        self.thens.push(Then::Reconciled {
+            op,
+            output_tokens,
+            answer,
+        });
     }
 
     fn reconciled(&mut self, op: u32, output_tokens: u64) {
@@ -541,12 +546,9 @@ impl<'a, S: Store> Sim<'a, S> {
             .claim_batch
             .saturating_sub(self.worker_busy[w as usize]);
         if free > 0 {
-            let job = Job::Dispatch {
-                worker: self.worker_names[w as usize].clone(),
-                count: free,
-                now_ms: now,
-            };
-            self.pending.push((job, Then::Dispatched(w)));
+            let worker = self.worker_names[w as usize].clone();
+            let claims = self.pending.dispatch(worker, free, now);
+            self.thens.push(Then::Dispatched(w, claims));
         }
         self.push(now + self.sim.workers.poll_ms as i64, Event::Poll(w));
     }
@@ -575,22 +577,37 @@ impl<'a, S: Store> Sim<'a, S> {
         if self.pending.is_empty() {
             return Ok(());
         }
-        let (jobs, thens): (Vec<Job>, Vec<Then>) =
-            std::mem::take(&mut self.pending).into_iter().unzip();
-        self.engine_calls += jobs.len() as u64;
-        let answers = self.engine.run_batch(&jobs).map_err(|e| e.to_string())?;
-        for (then, answer) in thens.into_iter().zip(answers) {
-            let answer = answer.map_err(|e| e.to_string())?;
-            match (then, answer) {
-                (Then::Admitted(op), Answer::Decision(d)) => self.admitted(op, now, d),
-                (Then::Completed { op, attempt, call }, Answer::Completion(c)) => {
+        let batch = std::mem::take(&mut self.pending);
+        self.engine_calls += batch.len() as u64;
+        let mut answers = self.engine.run(batch).map_err(|e| e.to_string())?;
+        let failed = |e: StoreError| e.to_string();
+        for then in std::mem::take(&mut self.thens) {
+            match then {
+                Then::Admitted(op, d) => {
+                    let d = answers.take(d).map_err(failed)?;
+                    self.admitted(op, now, d)
+                }
+                Then::Completed {
+                    op,
+                    attempt,
+                    call,
+                    answer,
+                } => {
+                    let c = answers.take(answer).map_err(failed)?;
                     self.completed(now, op, attempt, call, c)?
                 }
-                (Then::Reconciled { op, output_tokens }, Answer::Completion(_)) => {
+                Then::Reconciled {
+                    op,
+                    output_tokens,
+                    answer,
+                } => {
+                    answers.take(answer).map_err(failed)?;
                     self.reconciled(op, output_tokens)
                 }
-                (Then::Dispatched(w), Answer::Dispatch(d)) => self.dispatched(now, w, d),
-                (_, other) => return Err(format!("the engine answered {other:?} out of turn")),
+                Then::Dispatched(w, claims) => {
+                    let d = answers.take(claims).map_err(failed)?;
+                    self.dispatched(now, w, d)
+                }
             }
         }
         Ok(())
