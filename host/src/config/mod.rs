@@ -273,6 +273,20 @@ pub const DEFAULT_POLICY_PARAMS: &[(&str, f64)] = &[
 
 impl Config {
     /// Parses a configuration object strictly and applies the defaults.
+    ///
+    /// ```
+    /// let config = tollgate::config::Config::from_json(&serde_json::json!({
+    ///     "tenant_defaults": {"requests": {"capacity": 100, "refill_per_s": 50}},
+    ///     "tenants": {"acme": {"weight": 2}}
+    /// }))
+    /// .unwrap();
+    /// assert_eq!(config.tenant("acme").unwrap().weight, 2);
+    /// // A field that does not exist is an error, never ignored.
+    /// assert!(tollgate::config::Config::from_json(&serde_json::json!({"tenantz": {}})).is_err());
+    /// ```
+    ///
+    /// # Errors
+    /// [`ConfigError`], naming the field and what is wrong with it.
     pub fn from_json(value: &serde_json::Value) -> Result<Config, ConfigError> {
         let input: ConfigInput =
             serde_json::from_value(value.clone()).map_err(|e| ConfigError(e.to_string()))?;

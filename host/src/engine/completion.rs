@@ -203,6 +203,11 @@ fn failure_kind(word: &str) -> Failure {
 
 impl<S: Store> Engine<S> {
     /// Records how an `active` attempt ended.
+    ///
+    /// # Errors
+    /// Only the store's own failure (nothing was written); a report that does not apply
+    /// (no such operation, not active, a stale attempt) is an answer with its
+    /// [`CompletionError`].
     pub fn complete(&self, c: &Completion, now_ms: i64) -> Result<CompletionAnswer, StoreError> {
         let policy = self.active_policy();
         self.transaction(|tx| self.complete_in(tx, policy.as_ref(), c, now_ms))
@@ -220,6 +225,10 @@ impl<S: Store> Engine<S> {
     }
 
     /// Resolves an `unknown` outcome; releases its slot.
+    ///
+    /// # Errors
+    /// Only the store's own failure; a reconciliation that does not apply is an answer with
+    /// its [`CompletionError`].
     pub fn reconcile(
         &self,
         r: &Reconciliation,

@@ -154,6 +154,9 @@ enum Blocked {
 
 impl<S: Store> Engine<S> {
     /// Expires infeasible jobs, then claims up to `count` jobs for `worker`.
+    ///
+    /// # Errors
+    /// Only the store's own failure: nothing was claimed or expired.
     pub fn dispatch(
         &self,
         worker: &str,

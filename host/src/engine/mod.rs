@@ -61,6 +61,36 @@ struct Policies {
 }
 
 /// Admission control and fair dispatch over one store.
+///
+/// Every call takes the time as an argument and runs as one store transaction; only a
+/// fresh acceptance authorises a provider call.
+///
+/// ```
+/// use std::sync::Arc;
+/// use tollgate::config::Config;
+/// use tollgate::engine::Completion;
+/// use tollgate::reason::Outcome;
+/// use tollgate::runtime::{builtin, Runtime};
+/// use tollgate::store::SqliteStore;
+/// use tollgate::Engine;
+///
+/// let config = Config::from_json(&serde_json::json!({"tenants": {"acme": {}}})).unwrap();
+/// let runtime = Runtime::new().unwrap();
+/// let policy = runtime
+///     .load(builtin::get("standard").unwrap(), config.policy_limits())
+///     .unwrap();
+/// let engine = Engine::new(config, SqliteStore::in_memory().unwrap(), runtime, Arc::new(policy));
+///
+/// let request = serde_json::json!({"tenant": "acme", "key": "k1", "route": "interactive",
+///     "input_tokens": 10, "max_output_tokens": 10, "deadline_ms": 60_000});
+/// let decision = engine.admit(&request, 0).unwrap();
+/// assert_eq!(decision.outcome, Outcome::Accepted);
+/// assert!(decision.authorises_call());
+/// let done = engine.complete(&Completion::succeeded("acme", "k1"), 500).unwrap();
+/// assert!(done.ok);
+/// // The same key again is answered from the operation, and authorises nothing.
+/// assert!(!engine.admit(&request, 1_000).unwrap().authorises_call());
+/// ```
 pub struct Engine<S: Store> {
     /// Replaced whole when the store's tenants change (see `directory`); a decision reads
     /// it under the store's lock, so one transaction sees one configuration.

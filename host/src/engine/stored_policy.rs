@@ -178,6 +178,9 @@ impl<S: Store> Engine<S> {
     }
 
     /// Switches the store's policy back to its previous one, and this engine with it.
+    ///
+    /// # Errors
+    /// [`SwapError::NoPrevious`] when there is nothing to roll back to; the store's failure.
     pub fn rollback(&self) -> Result<PolicyIdentity, SwapError> {
         let local_previous = self.previous_policy();
         let (previous_digest, bytes, generation) = self.transaction(|tx| {

@@ -164,6 +164,21 @@ impl Runtime {
 
     /// Compiles a component, checks it against the world, and asks it to describe itself.
     /// The self-check is separate: see [`LoadedPolicy::self_check`].
+    ///
+    /// ```
+    /// use tollgate::runtime::{builtin, PolicyLimits, Runtime};
+    ///
+    /// let runtime = Runtime::new().unwrap();
+    /// let standard = runtime
+    ///     .load(builtin::get("standard").unwrap(), PolicyLimits::DEFAULT)
+    ///     .unwrap();
+    /// assert_eq!(standard.info.name, "standard");
+    /// assert!(runtime.load(b"not a component", PolicyLimits::DEFAULT).is_err());
+    /// ```
+    ///
+    /// # Errors
+    /// [`LoadError`]: too big, not a component, not of a world this host serves, or its
+    /// description faulted.
     pub fn load(&self, bytes: &[u8], limits: PolicyLimits) -> Result<LoadedPolicy, LoadError> {
         // No call may grow past what a pool slot holds.
         let limits = PolicyLimits {

@@ -171,6 +171,10 @@ pub enum AnyStore {
 
 impl AnyStore {
     /// `postgres://…` or `postgresql://…` selects PostgreSQL; anything else is a SQLite file.
+    ///
+    /// # Errors
+    /// As [`SqliteStore::open`] or `PgStore::open`; [`StoreError::Unsupported`] for a
+    /// PostgreSQL URL when the library is built without its `postgres` feature.
     pub fn open(db: &str) -> Result<Self, StoreError> {
         if is_postgres_url(db) {
             #[cfg(feature = "postgres")]

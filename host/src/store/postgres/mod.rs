@@ -50,6 +50,10 @@ pub struct PgStore {
 
 impl PgStore {
     /// Connects to `url` (`postgres://…` or key=value form) and creates or checks the schema.
+    ///
+    /// # Errors
+    /// [`StoreError::Postgres`] when the server cannot be reached or refuses;
+    /// [`StoreError::Schema`] when a later release wrote the schema.
     pub fn open(url: &str) -> Result<Self, StoreError> {
         Self::connect(url, None)
     }

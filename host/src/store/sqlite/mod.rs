@@ -55,7 +55,18 @@ fn configure_sqlite() {
 }
 
 impl SqliteStore {
-    /// Opens (or creates) a database file in WAL mode.
+    /// Opens (or creates) a database file in WAL mode; a file of an earlier release is
+    /// upgraded in place.
+    ///
+    /// ```
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let store = tollgate::store::SqliteStore::open(&dir.path().join("tollgate.db")).unwrap();
+    /// # drop(store);
+    /// ```
+    ///
+    /// # Errors
+    /// [`StoreError::Database`] when the file cannot be opened or is not a database;
+    /// [`StoreError::Schema`] when a later release wrote it.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
         configure_sqlite();
         let conn = Connection::open(path)?;
@@ -72,6 +83,9 @@ impl SqliteStore {
     }
 
     /// A private in-memory database (scenarios, smoke checks of a candidate policy).
+    ///
+    /// # Errors
+    /// Only when SQLite cannot allocate it.
     pub fn in_memory() -> Result<Self, StoreError> {
         configure_sqlite();
         Self::init(Connection::open_in_memory()?, None)
