@@ -20,7 +20,9 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config as RunnerConfig, FileFailurePersistence};
 use serde_json::json;
 use std::collections::HashSet;
-use tollgate::engine::{Answer, Completion, Job, Reconciliation};
+use tollgate::engine::{
+    Batch, Completion, CompletionAnswer, Decision, DispatchAnswer, Reconciliation, Ticket,
+};
 use tollgate::model::{names, CallResult, OpState, Route};
 use tollgate::reason::Outcome;
 use tollgate::store::Store;
@@ -181,17 +183,24 @@ fn accepted(
     Ok(())
 }
 
-/// Runs a batch's steps as jobs of one transaction and counts their answers.
+/// Runs a batch's steps as pieces of one transaction and counts their answers, in order.
 fn run_batch<S: Store>(
     engine: &Engine<S>,
     model: &mut Model,
     steps: &[Step],
 ) -> Result<(), TestCaseError> {
+    /// What each piece of the batch answers.
+    enum Piece {
+        Admit(Ticket<Decision>, String, String),
+        Complete(Ticket<CompletionAnswer>),
+        Dispatch(Ticket<DispatchAnswer>),
+    }
     let now = model.now_ms;
     let config = engine.config();
-    let mut jobs = Vec::new();
+    let mut batch = Batch::new();
+    let mut pieces = Vec::new();
     for step in steps {
-        let job = match step {
+        match step {
             Step::Admit {
                 tenant,
                 key,
@@ -206,12 +215,9 @@ fn run_batch<S: Store>(
                     *tokens,
                     now + i64::from(*deadline_in),
                 );
-                match tollgate::validate::request(&raw, &config) {
-                    Ok(request) => Job::Admit {
-                        request,
-                        now_ms: now,
-                    },
-                    Err(_) => continue,
+                if let Ok(request) = tollgate::validate::request(&raw, &config) {
+                    let (t, k) = (request.tenant.clone(), request.key.clone());
+                    pieces.push(Piece::Admit(batch.admit(request, now), t, k));
                 }
             }
             Step::Complete {
@@ -219,37 +225,38 @@ fn run_batch<S: Store>(
                 key,
                 result,
                 attempt,
-            } => Job::Complete {
-                completion: completion(*tenant, *key, *result, *attempt),
-                now_ms: now,
-            },
-            Step::Dispatch { count } => Job::Dispatch {
-                worker: "w1".into(),
-                count: u32::from(*count),
-                now_ms: now,
-            },
-            _ => continue,
-        };
-        jobs.push(job);
-    }
-    let answers = engine
-        .run_batch(&jobs)
-        .map_err(|e| TestCaseError::fail(e.to_string()))?;
-    for (job, answer) in jobs.iter().zip(answers) {
-        let answer = answer.map_err(|e| TestCaseError::fail(e.to_string()))?;
-        match (job, answer) {
-            (Job::Admit { request, .. }, Answer::Decision(d)) if d.outcome == Outcome::Accepted => {
-                let t = tenant_index(&request.tenant);
-                accepted(
-                    model,
-                    t,
-                    &request.key,
-                    d.attempt.unwrap(),
-                    d.reserved_tokens.unwrap_or(0),
-                )?;
+            } => {
+                let c = completion(*tenant, *key, *result, *attempt);
+                pieces.push(Piece::Complete(batch.complete(c, now)));
             }
-            (_, Answer::Dispatch(claims)) => {
-                for c in claims.claimed {
+            Step::Dispatch { count } => {
+                let claims = batch.dispatch("w1".into(), u32::from(*count), now);
+                pieces.push(Piece::Dispatch(claims));
+            }
+            _ => {}
+        }
+    }
+    let failed = |e: tollgate::store::StoreError| TestCaseError::fail(e.to_string());
+    let mut answers = engine.run(batch).map_err(failed)?;
+    for piece in pieces {
+        match piece {
+            Piece::Admit(ticket, tenant, key) => {
+                let d = answers.take(ticket).map_err(failed)?;
+                if d.outcome == Outcome::Accepted {
+                    accepted(
+                        model,
+                        tenant_index(&tenant),
+                        &key,
+                        d.attempt.unwrap(),
+                        d.reserved_tokens.unwrap_or(0),
+                    )?;
+                }
+            }
+            Piece::Complete(ticket) => {
+                answers.take(ticket).map_err(failed)?;
+            }
+            Piece::Dispatch(ticket) => {
+                for c in answers.take(ticket).map_err(failed)?.claimed {
                     accepted(
                         model,
                         tenant_index(&c.tenant),
@@ -259,7 +266,6 @@ fn run_batch<S: Store>(
                     )?;
                 }
             }
-            _ => {}
         }
     }
     Ok(())

@@ -196,7 +196,7 @@ pub fn admissions_with_shadow(
     ops: u64,
     batch: usize,
 ) -> Result<Throughput, String> {
-    use tollgate::engine::{Completion, Job};
+    use tollgate::engine::{Batch, Completion};
     let store = match store {
         StoreKind::Memory => SqliteStore::in_memory(),
         StoreKind::File => {
@@ -257,23 +257,19 @@ pub fn admissions_with_shadow(
                 .complete(&completion(i), now_ms)
                 .map_err(|e| e.to_string())?;
         } else {
-            let admits: Vec<Job> = (i..i + n)
-                .map(|j| Job::Admit {
-                    request: request(j),
-                    now_ms,
-                })
-                .collect();
+            let mut admits = Batch::new();
+            for j in i..i + n {
+                admits.admit(request(j), now_ms);
+            }
             let t = Instant::now();
-            engine.run_batch(&admits).map_err(|e| e.to_string())?;
+            engine.run(admits).map_err(|e| e.to_string())?;
             let per = t.elapsed().as_secs_f64() * 1e6 / n as f64;
             latencies.extend(std::iter::repeat_n(per, n as usize));
-            let completes: Vec<Job> = (i..i + n)
-                .map(|j| Job::Complete {
-                    completion: completion(j),
-                    now_ms,
-                })
-                .collect();
-            engine.run_batch(&completes).map_err(|e| e.to_string())?;
+            let mut completes = Batch::new();
+            for j in i..i + n {
+                completes.complete(completion(j), now_ms);
+            }
+            engine.run(completes).map_err(|e| e.to_string())?;
         }
         i += n;
     }

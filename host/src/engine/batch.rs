@@ -10,11 +10,10 @@ use super::{Completion, Reconciliation, DOWNSTREAM};
 use super::{CompletionAnswer, Decision, DispatchAnswer, Engine, Inspection, OperationView};
 use crate::model::Request;
 use crate::store::{Prefetch, Store, StoreError};
-use std::marker::PhantomData;
 
 /// One unit of engine work.
 #[derive(Clone, Debug)]
-pub enum Job {
+pub(crate) enum Job {
     /// An admission of an already validated request.
     Admit {
         /// The validated request.
@@ -104,7 +103,7 @@ pub enum Job {
 
 /// The answer to one [`Job`].
 #[derive(Clone, Debug)]
-pub enum Answer {
+pub(crate) enum Answer {
     /// The answer to `Admit`.
     Decision(Decision),
     /// The answer to `Complete` or `Reconcile`.
@@ -124,7 +123,7 @@ pub enum Answer {
     /// The answer to `Operations`.
     Operations(super::OperationsPage),
     /// The answer to `SavedAnswer`.
-    SavedAnswer(Option<Vec<u8>>),
+    Saved(Option<Vec<u8>>),
 }
 
 impl Job {
@@ -159,49 +158,8 @@ pub struct Batch {
 #[derive(Debug)]
 pub struct Ticket<T> {
     index: usize,
-    answer: PhantomData<fn() -> T>,
-}
-
-/// An answer a [`Ticket`] can be for.
-pub trait FromAnswer: Sized + private::Sealed {
-    /// The answer, when it is of this type.
-    #[doc(hidden)]
-    fn from_answer(answer: Answer) -> Option<Self>;
-}
-
-mod private {
-    /// Only this module's answer types are answers.
-    pub trait Sealed {}
-}
-
-impl private::Sealed for Decision {}
-impl FromAnswer for Decision {
-    fn from_answer(answer: Answer) -> Option<Self> {
-        match answer {
-            Answer::Decision(d) => Some(d),
-            _ => None,
-        }
-    }
-}
-
-impl private::Sealed for CompletionAnswer {}
-impl FromAnswer for CompletionAnswer {
-    fn from_answer(answer: Answer) -> Option<Self> {
-        match answer {
-            Answer::Completion(a) => Some(a),
-            _ => None,
-        }
-    }
-}
-
-impl private::Sealed for DispatchAnswer {}
-impl FromAnswer for DispatchAnswer {
-    fn from_answer(answer: Answer) -> Option<Self> {
-        match answer {
-            Answer::Dispatch(a) => Some(a),
-            _ => None,
-        }
-    }
+    /// The piece's answer in its own type (`None`: another piece's answer).
+    convert: fn(Answer) -> Option<T>,
 }
 
 impl Batch {
@@ -220,23 +178,27 @@ impl Batch {
         self.jobs.is_empty()
     }
 
-    fn push<T>(&mut self, job: Job) -> Ticket<T> {
+    fn push<T>(&mut self, job: Job, convert: fn(Answer) -> Option<T>) -> Ticket<T> {
         self.jobs.push(job);
         Ticket {
             index: self.jobs.len() - 1,
-            answer: PhantomData,
+            convert,
         }
     }
 
     /// Admits, queues or refuses `request` at `now_ms` (checked first, as
     /// [`Engine::admit_request`] checks it).
     pub fn admit(&mut self, request: Request, now_ms: i64) -> Ticket<Decision> {
-        self.push(Job::Admit { request, now_ms })
+        let job = Job::Admit { request, now_ms };
+        self.push(job, |answer| match answer {
+            Answer::Decision(d) => Some(d),
+            _ => None,
+        })
     }
 
     /// Reports how an active operation's call ended.
     pub fn complete(&mut self, completion: Completion, now_ms: i64) -> Ticket<CompletionAnswer> {
-        self.push(Job::Complete { completion, now_ms })
+        self.push(Job::Complete { completion, now_ms }, completion_answer)
     }
 
     /// Resolves an unknown outcome.
@@ -245,19 +207,32 @@ impl Batch {
         reconciliation: Reconciliation,
         now_ms: i64,
     ) -> Ticket<CompletionAnswer> {
-        self.push(Job::Reconcile {
+        let job = Job::Reconcile {
             reconciliation,
             now_ms,
-        })
+        };
+        self.push(job, completion_answer)
     }
 
     /// Claims up to `count` queued jobs for `worker`.
     pub fn dispatch(&mut self, worker: String, count: u32, now_ms: i64) -> Ticket<DispatchAnswer> {
-        self.push(Job::Dispatch {
+        let job = Job::Dispatch {
             worker,
             count,
             now_ms,
+        };
+        self.push(job, |answer| match answer {
+            Answer::Dispatch(a) => Some(a),
+            _ => None,
         })
+    }
+}
+
+/// A completion's or a reconciliation's answer.
+fn completion_answer(answer: Answer) -> Option<CompletionAnswer> {
+    match answer {
+        Answer::Completion(a) => Some(a),
+        _ => None,
     }
 }
 
@@ -274,14 +249,14 @@ impl Answers {
     /// # Errors
     /// The piece's own [`StoreError`]; or [`StoreError::Schema`] for a ticket of another
     /// batch (its place empty or of another type), which a program's own tickets never are.
-    pub fn take<T: FromAnswer>(&mut self, ticket: Ticket<T>) -> Result<T, StoreError> {
+    pub fn take<T>(&mut self, ticket: Ticket<T>) -> Result<T, StoreError> {
         let other_batch = || StoreError::Schema("a ticket of another batch".into());
         let answer = self
             .answers
             .get_mut(ticket.index)
             .and_then(Option::take)
             .ok_or_else(other_batch)??;
-        T::from_answer(answer).ok_or_else(other_batch)
+        (ticket.convert)(answer).ok_or_else(other_batch)
     }
 }
 
@@ -390,7 +365,10 @@ impl<S: Store> Engine<S> {
 
     /// Runs `jobs` in one store transaction, each all or nothing on its own, and answers
     /// each, at the times the jobs carry. Nothing is answered before the transaction commits.
-    pub fn run_batch(&self, jobs: &[Job]) -> Result<Vec<Result<Answer, StoreError>>, StoreError> {
+    pub(crate) fn run_batch(
+        &self,
+        jobs: &[Job],
+    ) -> Result<Vec<Result<Answer, StoreError>>, StoreError> {
         self.run_batch_with(jobs, false)
     }
 
@@ -398,7 +376,7 @@ impl<S: Store> Engine<S> {
     /// the transaction, after its locks), so that replicas with skewed clocks cannot mint
     /// credits; a clock that cannot be read fails the batch rather than fall back to this
     /// machine's. A store owned by one process keeps the jobs' times.
-    pub fn run_batch_at_store_time(
+    pub(crate) fn run_batch_at_store_time(
         &self,
         jobs: &[Job],
     ) -> Result<Vec<Result<Answer, StoreError>>, StoreError> {
@@ -465,7 +443,7 @@ impl<S: Store> Engine<S> {
                     tenant,
                     key,
                     now_ms,
-                } => Answer::SavedAnswer(tx.answer(tenant, key, at(now_ms))?),
+                } => Answer::Saved(tx.answer(tenant, key, at(now_ms))?),
                 Job::Inspect { now_ms, page } => {
                     Answer::Inspection(Box::new(self.inspect_in(tx, at(now_ms), Some(page))?))
                 }

@@ -18,7 +18,8 @@ mod stored_policy;
 mod swap;
 
 pub use admission::Decision;
-pub use batch::{Answer, Answers, Batch, FromAnswer, Job, Ticket};
+pub(crate) use batch::{Answer, Job};
+pub use batch::{Answers, Batch, Ticket};
 pub use builder::{EngineBuilder, StartError, Started};
 pub use completion::{Completion, CompletionAnswer, CompletionError, Reconciliation, SavedAnswer};
 pub use directory::{DirectoryApplied, DirectoryError, KeyInfo};

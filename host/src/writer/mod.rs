@@ -263,7 +263,7 @@ impl Writer {
             })
             .await?
         {
-            Answer::SavedAnswer(a) => Ok(a),
+            Answer::Saved(a) => Ok(a),
             other => Err(out_of_turn(other)),
         }
     }
