@@ -391,13 +391,15 @@ impl<S: Store> Engine<S> {
         let policy = self.active_policy();
         let hint = self.prefetch_hint(jobs);
         let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
+        // Read under the store's lock: the whole transaction sees one configuration.
+        let config = self.config();
         store.transaction_batch(jobs.len(), &hint, |i, tx| {
             // A shared store's clock, read inside the transaction, is every replica's.
             let store_now = if store_time { tx.store_now_ms()? } else { None };
             let at = |now_ms: &i64| store_now.unwrap_or(*now_ms);
             // A request made in code is checked as a JSON one is (the service's were).
             let unchecked = |request: &Request| {
-                crate::validate::check(request, &self.config())
+                crate::validate::check(request, &config)
                     .err()
                     .map(|e| Decision::rejected(e.reason(), None))
             };
