@@ -4,7 +4,7 @@
 
 use crate::gateway::{Gateway, GatewayState};
 use crate::http::{listen, AppState, Clock, Metrics, Shared, HEADER_TIMEOUT, MAX_HEAD_BYTES};
-use crate::service::set_policy_gauge;
+use crate::service::{set_policy_gauge, ServiceState};
 use axum::extract::{Request, State};
 use axum::response::Response;
 use axum::Router;
@@ -22,6 +22,8 @@ use tollgate::writer::Writer;
 pub struct Built {
     /// The engine, the writer, metrics and the clock.
     pub core: Shared,
+    /// The service's state, standing on that floor.
+    pub service: crate::service::Shared,
     /// The gateway's state, standing on the same floor.
     pub gateway: Option<crate::gateway::Shared>,
 }
@@ -112,11 +114,10 @@ pub fn build_with(
         writer,
         metrics,
         clock: Clock::default(),
-        verifier,
         max_connections,
         max_connections_per_address,
-        metrics_text: tokio::sync::Mutex::new(None),
     });
+    let service = Arc::new(ServiceState::new(state.clone(), verifier));
     set_policy_gauge(&state.engine, &state.metrics);
     let gateway = gateway.map(|gateway| {
         Arc::new(GatewayState {
@@ -126,6 +127,7 @@ pub fn build_with(
     });
     let built = Built {
         core: state,
+        service,
         gateway,
     };
     Ok((built, handle))
@@ -134,7 +136,7 @@ pub fn build_with(
 /// Every route: the service's, the gateway's beside them when configured, each response
 /// counted and what a refused client still sends drained (`linger`).
 pub fn router(built: &Built) -> Router {
-    let routes = crate::service::router(built.core.clone());
+    let routes = crate::service::router(built.service.clone());
     let routes = match &built.gateway {
         Some(g) => routes.merge(crate::gateway::router(g.clone())),
         None => routes,

@@ -63,7 +63,7 @@ pub fn run(args: ServeArgs) -> Result<ExitCode, String> {
     let (state, writer) = tollgate_cli::server::build_with(config, store, verify_with)?;
     let watcher = watch_policy.map(|path| {
         tracing::info!(path = %path.display(), "watching the policy");
-        tollgate_cli::service::watch_policy(&state.core, path)
+        tollgate_cli::service::watch_policy(&state.service, path)
     });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -77,7 +77,7 @@ pub fn run(args: ServeArgs) -> Result<ExitCode, String> {
             let _ = tokio::task::spawn_blocking(move || handle.join()).await;
         }
     };
-    let metrics_router = tollgate_cli::service::metrics_router(&state.core);
+    let metrics_router = tollgate_cli::service::metrics_router(&state.service);
     runtime.block_on(async move {
         if let Some(address) = metrics_listen {
             let listener = tokio::net::TcpListener::bind(&address).await.map_err(|e| format!("{address}: {e}"))?;

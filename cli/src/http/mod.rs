@@ -13,12 +13,10 @@ pub mod refusal;
 
 pub use metrics::Metrics;
 
-use axum::body::Bytes;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tollgate::engine::Engine;
-use tollgate::scenario::ScenarioVerifier;
 use tollgate::store::AnyStore;
 use tollgate::writer::Writer;
 
@@ -61,16 +59,10 @@ pub struct AppState {
     pub metrics: Metrics,
     /// The time every decision is made at.
     pub clock: Clock,
-    /// What every candidate policy must pass before activation (`--verify-with`).
-    pub verifier: Arc<ScenarioVerifier>,
     /// Connections served at once (see `listen`).
     pub max_connections: usize,
     /// Connections one client address may hold.
     pub max_connections_per_address: usize,
-    /// The last `/metrics` text and when it was made (see the service's
-    /// `METRICS_FRESH_FOR`); held while one request makes it, so that the others wait for
-    /// it instead of each making their own.
-    pub metrics_text: tokio::sync::Mutex<Option<(std::time::Instant, Bytes)>>,
 }
 
 /// The state every handler shares.

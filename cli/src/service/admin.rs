@@ -2,10 +2,11 @@
 //! inspection, and `/metrics`.
 
 use super::METRICS_FRESH_FOR;
+use super::{ServiceState, Shared};
 use crate::http::auth::admin;
 use crate::http::body::{json_body, read_body};
 use crate::http::refusal::{refuse, Refusal, Rejection};
-use crate::http::{AppState, Metrics, Shared};
+use crate::http::{AppState, Metrics};
 use crate::service::operations::store_refusal;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
@@ -268,7 +269,7 @@ pub(super) async fn metrics(
 /// `GET /metrics` on the `--metrics-listen` address: every series, no key (the address is
 /// the operators'). It holds the service weakly, so that it never delays a shutdown.
 pub(super) async fn private_metrics(
-    State(s): State<std::sync::Weak<AppState>>,
+    State(s): State<std::sync::Weak<ServiceState>>,
 ) -> Result<Response, Refusal> {
     let Some(s) = s.upgrade() else {
         return Err(refuse(Rejection::Stopping));
@@ -277,7 +278,7 @@ pub(super) async fn private_metrics(
 }
 
 /// The metrics text, per-tenant series included when `per_tenant`.
-async fn metrics_answer(s: &AppState, per_tenant: bool) -> Result<Response, Refusal> {
+async fn metrics_answer(s: &ServiceState, per_tenant: bool) -> Result<Response, Refusal> {
     let mut last = s.metrics_text.lock().await;
     let fresh = matches!(&*last, Some((made, _)) if made.elapsed() < METRICS_FRESH_FOR);
     if !fresh {

@@ -1,10 +1,10 @@
 //! The operators' endpoints for the directory: tenants and keys, changed at run time and
 //! kept in the store (every replica on it takes a change up within a second).
 
+use super::Shared;
 use crate::http::auth::admin;
 use crate::http::body::{read_body, OpKey};
 use crate::http::refusal::{refuse, Refusal, Rejection};
-use crate::http::Shared;
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};

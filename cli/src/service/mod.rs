@@ -22,11 +22,48 @@ mod worker;
 pub(crate) use admin::set_policy_gauge;
 
 use crate::http::refusal::{refuse, Rejection};
-use crate::http::Shared;
+use crate::http::AppState;
+use axum::body::Bytes;
 use axum::routing::{get, post};
 use axum::Router;
 use std::sync::Arc;
 use std::time::Duration;
+use tollgate::scenario::ScenarioVerifier;
+
+/// What the service's handlers share: the floor's state and the service's own.
+pub struct ServiceState {
+    /// The engine, the writer, metrics and the clock, shared with the gateway.
+    pub core: crate::http::Shared,
+    /// What every candidate policy must pass before activation (`--verify-with`).
+    pub verifier: Arc<ScenarioVerifier>,
+    /// The last `/metrics` text and when it was made (see [`METRICS_FRESH_FOR`]); held
+    /// while one request makes it, so that the others wait for it instead of each making
+    /// their own.
+    pub metrics_text: tokio::sync::Mutex<Option<(std::time::Instant, Bytes)>>,
+}
+
+impl ServiceState {
+    /// The service's state over `core`.
+    pub fn new(core: crate::http::Shared, verifier: Arc<ScenarioVerifier>) -> Self {
+        ServiceState {
+            core,
+            verifier,
+            metrics_text: tokio::sync::Mutex::new(None),
+        }
+    }
+}
+
+/// The floor's state is read through the service's (`s.engine`, `s.writer`, …).
+impl std::ops::Deref for ServiceState {
+    type Target = AppState;
+
+    fn deref(&self) -> &AppState {
+        &self.core
+    }
+}
+
+/// The service's state, shared by its handlers.
+pub type Shared = Arc<ServiceState>;
 
 /// How long `/metrics` answers with the text it last made. It needs no key, and making it
 /// reads the bucket, slot and queue levels through the writer (about 1.2 ms of the

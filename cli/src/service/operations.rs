@@ -1,12 +1,13 @@
 //! The callers' and workers' endpoints on operations: admit, complete, reconcile, read
 //! one back.
 
+use super::Shared;
 use crate::http::auth::{acting_for, role};
 use crate::http::body::{check_key, json_body, read_body, OpKey};
 use crate::http::refusal::{
     refuse, refuse_for, refuse_for_request, refuse_until, with_retry_after, Refusal, Rejection,
 };
-use crate::http::{AppState, Shared, STORE_RETRY_AFTER_MS};
+use crate::http::{AppState, STORE_RETRY_AFTER_MS};
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};

@@ -1,9 +1,9 @@
 //! The workers' endpoint: dispatch (claims of queued durable jobs).
 
+use super::Shared;
 use crate::http::auth::role;
 use crate::http::body::{json_body, read_body};
 use crate::http::refusal::{refuse, Refusal, Rejection};
-use crate::http::Shared;
 use crate::service::operations::store_refusal;
 use axum::body::Body;
 use axum::extract::State;
