@@ -246,12 +246,6 @@ fn labels(raw: Option<&Value>) -> Result<BTreeMap<String, String>, RequestError>
     let obj = raw
         .as_object()
         .ok_or_else(|| invalid("labels", "must be an object of strings"))?;
-    if obj.len() > MAX_LABELS {
-        return Err(invalid(
-            "labels",
-            format!("at most {MAX_LABELS}, not {}", obj.len()),
-        ));
-    }
     obj.iter()
         .map(|(k, v)| match v {
             Value::String(v) => Ok((k.clone(), v.clone())),
@@ -339,62 +333,70 @@ impl RequestBuilder {
         }
     }
 
-    fn set(mut self, field: &str, apply: impl FnOnce(&mut Request)) -> Self {
+    /// Marks a required field as set.
+    fn given(mut self, field: &str) -> Self {
         self.missing.retain(|m| *m != field);
-        apply(&mut self.request);
         self
     }
 
     /// Prompt tokens (at least 1).
-    pub fn input_tokens(self, n: u64) -> Self {
-        self.set("input_tokens", |r| r.input_tokens = n)
+    pub fn input_tokens(mut self, n: u64) -> Self {
+        self.request.input_tokens = n;
+        self.given("input_tokens")
     }
 
     /// Most output tokens the call may generate (at least 1).
-    pub fn max_output_tokens(self, n: u64) -> Self {
-        self.set("max_output_tokens", |r| r.max_output_tokens = n)
+    pub fn max_output_tokens(mut self, n: u64) -> Self {
+        self.request.max_output_tokens = n;
+        self.given("max_output_tokens")
     }
 
     /// The absolute deadline, in the clock the engine is given.
-    pub fn deadline_ms(self, at: i64) -> Self {
-        self.set("deadline_ms", |r| r.deadline_ms = at)
+    pub fn deadline_ms(mut self, at: i64) -> Self {
+        self.request.deadline_ms = at;
+        self.given("deadline_ms")
     }
 
     /// Context tokens the policy may drop under pressure.
-    pub fn optional_context_tokens(self, n: u64) -> Self {
-        self.set("", |r| r.optional_context_tokens = n)
+    pub fn optional_context_tokens(mut self, n: u64) -> Self {
+        self.request.optional_context_tokens = n;
+        self
     }
 
     /// The request body's size, checked against `limits.max_request_bytes`.
-    pub fn size_bytes(self, n: u64) -> Self {
-        self.set("", |r| r.size_bytes = n)
+    pub fn size_bytes(mut self, n: u64) -> Self {
+        self.request.size_bytes = n;
+        self
     }
 
     /// Where a durable job's body is.
-    pub fn body_ref(self, at: impl Into<String>) -> Self {
-        self.set("", |r| r.body_ref = Some(at.into()))
+    pub fn body_ref(mut self, at: impl Into<String>) -> Self {
+        self.request.body_ref = Some(at.into());
+        self
     }
 
     /// The caller's own fingerprint, replacing the computed one.
-    pub fn fingerprint(self, fp: impl Into<String>) -> Self {
-        self.set("", |r| r.fingerprint = Some(fp.into()))
+    pub fn fingerprint(mut self, fp: impl Into<String>) -> Self {
+        self.request.fingerprint = Some(fp.into());
+        self
     }
 
     /// The model the call is for.
-    pub fn model(self, name: impl Into<String>) -> Self {
-        self.set("", |r| r.model = Some(name.into()))
+    pub fn model(mut self, name: impl Into<String>) -> Self {
+        self.request.model = Some(name.into());
+        self
     }
 
     /// How important the call is.
-    pub fn priority(self, p: Priority) -> Self {
-        self.set("", |r| r.priority = p)
+    pub fn priority(mut self, p: Priority) -> Self {
+        self.request.priority = p;
+        self
     }
 
     /// One label, for policies to key rules on.
-    pub fn label(self, name: impl Into<String>, value: impl Into<String>) -> Self {
-        self.set("", |r| {
-            r.labels.insert(name.into(), value.into());
-        })
+    pub fn label(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.request.labels.insert(name.into(), value.into());
+        self
     }
 
     /// The request, checked against `config` as [`parse`] checks a JSON one.

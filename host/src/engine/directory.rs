@@ -37,34 +37,35 @@ pub struct KeyInfo {
     /// A worker key's worker name.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
-    /// What the key gives, made with the fields above.
-    #[serde(skip)]
-    grants: Role,
 }
 
 impl KeyInfo {
-    /// The role the key gives.
+    /// The role the key gives: each kind with its own subject, never another kind.
     pub fn as_role(&self) -> Role {
-        self.grants.clone()
+        let subject = |s: &Option<String>| s.clone().unwrap_or_default();
+        match self.role {
+            KeyRole::Caller => Role::Caller {
+                tenant: subject(&self.tenant),
+            },
+            KeyRole::Worker => Role::Worker {
+                name: subject(&self.name),
+            },
+            KeyRole::Admin => Role::Admin,
+        }
     }
 
     fn of(stored: &StoredKey) -> KeyInfo {
-        let subject = stored.subject.clone();
-        let (tenant, name, grants) = match stored.role {
-            KeyRole::Caller => (
-                Some(subject.clone()),
-                None,
-                Role::Caller { tenant: subject },
-            ),
-            KeyRole::Worker => (None, Some(subject.clone()), Role::Worker { name: subject }),
-            KeyRole::Admin => (None, None, Role::Admin),
+        let subject = Some(stored.subject.clone());
+        let (tenant, name) = match stored.role {
+            KeyRole::Caller => (subject, None),
+            KeyRole::Worker => (None, subject),
+            KeyRole::Admin => (None, None),
         };
         KeyInfo {
             id: stored.id.clone(),
             role: stored.role,
             tenant,
             name,
-            grants,
         }
     }
 }

@@ -385,20 +385,6 @@ fn a_smaller_pool_decides_and_bounds_what_a_call_may_grow_to() {
     };
     let faulty = runtime.load(&fixture("faulty"), limits).unwrap();
     assert_eq!(faulty.limits.memory_bytes, 16 << 20);
-    let request = |key: &str| Request {
-        tenant: "acme".into(),
-        key: key.into(),
-        route: Route::Interactive,
-        input_tokens: 1,
-        optional_context_tokens: 0,
-        max_output_tokens: 1,
-        deadline_ms: 1,
-        size_bytes: 0,
-        attempt: 1,
-        model: None,
-        priority: Priority::Standard,
-        labels: Vec::new(),
-    };
     let view = || DecisionView::scratch(Arc::default());
     // `big` grows its memory to most of a MiB: inside a slot, it decides.
     assert!(faulty.admit(view(), &request("big-1")).is_ok());
