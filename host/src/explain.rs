@@ -138,6 +138,7 @@ fn plain_text(reason: Reason) -> &'static str {
         Reason::ModelRate => "the model's request budget is short",
         Reason::ModelTokenBudget => "the model's token budget is short",
         Reason::CostBudget => "the tenant's money budget is short",
+        Reason::DeploymentCapacity => "no deployment of the model can take the call now",
     }
 }
 

@@ -112,6 +112,18 @@ pub struct Request {
     /// The caller's labels, for policies to key rules on.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
+    /// Whether a gateway model's fallbacks may serve the call when none of its own
+    /// deployments can (the caller's `x-tollgate-fallback: none` says no).
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub fallback: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn is_true(b: &bool) -> bool {
+    *b
 }
 
 /// Where an operation is in its life (docs/contract.md section 2). A `failed` completion
@@ -324,6 +336,15 @@ pub struct Operation {
     /// What the provider reported as used by the attempt that ended, by class.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
+    /// The deployment (of `model`) the current attempt reserved and was sent to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deployment: Option<String>,
+    /// Whether the attempt holds a slot of its deployment's scope.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub holds_deployment_slot: bool,
+    /// The model the caller named, when a fallback model (in `model`) serves the call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub asked_model: Option<String>,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -416,5 +437,40 @@ pub mod names {
     /// A tenant's concurrency scope.
     pub fn tenant_slots(tenant: &str) -> String {
         format!("tenant.{tenant}")
+    }
+
+    /// The prefix of every row of one deployment of a gateway model.
+    pub fn deployment(model: &str, name: &str) -> String {
+        format!("deployment.{model}.{name}")
+    }
+
+    /// A deployment's request bucket (also what a pause or an ejection empties).
+    pub fn deployment_requests(model: &str, name: &str) -> String {
+        format!("deployment.{model}.{name}.requests")
+    }
+
+    /// A deployment's token bucket.
+    pub fn deployment_tokens(model: &str, name: &str) -> String {
+        format!("deployment.{model}.{name}.tokens")
+    }
+
+    /// A deployment's concurrency scope (its calls in flight).
+    pub fn deployment_slots(model: &str, name: &str) -> String {
+        format!("deployment.{model}.{name}.slots")
+    }
+
+    /// A deployment's consecutive failures (a count kept as a slot row).
+    pub fn deployment_failures(model: &str, name: &str) -> String {
+        format!("deployment.{model}.{name}.failures")
+    }
+
+    /// How many times in a row a deployment was ejected (its cool-down doubles with it).
+    pub fn deployment_ejections(model: &str, name: &str) -> String {
+        format!("deployment.{model}.{name}.ejections")
+    }
+
+    /// A deployment's learned concurrency limit (`max_concurrency: "adaptive"`).
+    pub fn deployment_limit(model: &str, name: &str) -> String {
+        format!("deployment.{model}.{name}.limit")
     }
 }

@@ -74,6 +74,9 @@ pub enum Reason {
     ModelTokenBudget,
     /// The tenant's money budget is short.
     CostBudget,
+    /// No deployment of the gateway model (nor of its fallbacks) can take the call now:
+    /// each is short, paused by the provider's retry-after, or ejected.
+    DeploymentCapacity,
 }
 
 impl Reason {
@@ -98,6 +101,7 @@ impl Reason {
             Reason::ModelRate => "model_rate",
             Reason::ModelTokenBudget => "model_token_budget",
             Reason::CostBudget => "cost_budget",
+            Reason::DeploymentCapacity => "deployment_capacity",
         }
     }
 
@@ -114,7 +118,8 @@ impl Reason {
             | Reason::RetryTooEarly
             | Reason::ModelRate
             | Reason::ModelTokenBudget
-            | Reason::CostBudget => 429,
+            | Reason::CostBudget
+            | Reason::DeploymentCapacity => 429,
             Reason::GlobalRate
             | Reason::GlobalConcurrency
             | Reason::Overloaded

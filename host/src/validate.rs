@@ -29,6 +29,7 @@ const FIELDS: &[&str] = &[
     "model",
     "priority",
     "labels",
+    "fallback",
 ];
 
 /// Why a request is refused before anything is read or spent: the field and what is wrong
@@ -138,6 +139,11 @@ pub fn parse(raw: &Value, config: &Config) -> Result<Request, RequestError> {
         }
     };
     let labels = labels(obj.get("labels"))?;
+    let fallback = match obj.get("fallback") {
+        None => true,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(invalid("fallback", "must be true or false")),
+    };
     let request = Request {
         tenant,
         key,
@@ -152,6 +158,7 @@ pub fn parse(raw: &Value, config: &Config) -> Result<Request, RequestError> {
         model,
         priority,
         labels,
+        fallback,
     };
     check(&request, config)?;
     Ok(request)
@@ -328,6 +335,7 @@ impl RequestBuilder {
                 model: None,
                 priority: Priority::Standard,
                 labels: BTreeMap::new(),
+                fallback: true,
             },
             missing: vec!["input_tokens", "max_output_tokens", "deadline_ms"],
         }

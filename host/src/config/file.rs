@@ -176,8 +176,11 @@ impl ConfigFile {
             Some(g) => Some(super::GatewayConfig::from_json(g)?),
             None => None,
         };
-        let engine =
+        let mut engine =
             Config::from_json(&serde_json::Value::Object(obj)).map_err(|e| e.to_string())?;
+        if let Some(g) = &gateway {
+            engine.routing = g.routing();
+        }
         // One model name means one model: the gateway's routes and the `models` budgets.
         if let (Some(g), Some(models)) = (&gateway, &engine.models) {
             if let Some(m) = g.models.keys().find(|m| !models.contains_key(*m)) {

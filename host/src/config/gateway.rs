@@ -1,7 +1,9 @@
-//! The `gateway` section: OpenAI-compatible upstreams and the models served through them
-//! (`docs/gateway.md`). Validated strictly at start: an unknown field, an upstream no model
-//! may use, a model naming an unknown upstream or tokenizer is an error.
+//! The `gateway` section: OpenAI-compatible upstreams and the models served through them,
+//! each by one or more deployments (`docs/gateway.md`). Validated strictly at start: an
+//! unknown field, a model naming an unknown upstream or tokenizer, two deployments of one
+//! name, a fallback cycle is an error naming the field.
 
+use super::BucketConfig;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 
@@ -65,8 +67,16 @@ pub struct Upstream {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GatewayModel {
-    /// The upstream that serves it.
-    pub upstream: String,
+    /// The upstream that serves it, in the one-deployment form (`deployments` absent).
+    #[serde(default)]
+    pub upstream: Option<String>,
+    /// The deployments that serve it, each with its own limits; absent: one, named after
+    /// `upstream`.
+    #[serde(default)]
+    pub deployments: Option<Vec<Deployment>>,
+    /// Other models that serve a call no deployment of this one can take, in order.
+    #[serde(default)]
+    pub fallbacks: Vec<String>,
     /// The tokenizer its prompts are counted with; none: a conservative estimate.
     #[serde(default)]
     pub tokenizer: Option<String>,
@@ -80,6 +90,98 @@ pub struct GatewayModel {
     /// (rounded up), plus 4 tokens per message: conservative for the usual BPE vocabularies.
     #[serde(default = "default_bytes_per_token")]
     pub estimate_bytes_per_token: f64,
+}
+
+/// One deployment of a model: an upstream (a key, a region, a provider) with its own limits.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Deployment {
+    /// Its name, unique within the model (`deployment.<model>.<name>.*` in the store).
+    pub name: String,
+    /// The upstream that serves it.
+    pub upstream: String,
+    /// The model's name at this upstream, when it differs from the model's.
+    #[serde(default)]
+    pub upstream_model: Option<String>,
+    /// Its share when several deployments have room (default 1; 0: used only when no
+    /// other can take the call).
+    #[serde(default = "default_weight")]
+    pub weight: f64,
+    /// Its request bucket, when the provider limits requests.
+    #[serde(default)]
+    pub requests: Option<BucketConfig>,
+    /// Its token bucket, when the provider limits tokens.
+    #[serde(default)]
+    pub tokens: Option<BucketConfig>,
+    /// Calls in flight at once: a number, or `"adaptive"` to learn it.
+    #[serde(default)]
+    pub max_concurrency: Option<Concurrency>,
+}
+
+/// A deployment's concurrency limit.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Concurrency {
+    /// At most this many calls in flight.
+    Fixed(u32),
+    /// Learned from the provider's answers (AIMD, `docs/gateway.md`).
+    Adaptive,
+}
+
+impl<'de> Deserialize<'de> for Concurrency {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        match serde_json::Value::deserialize(d)? {
+            serde_json::Value::String(s) if s == "adaptive" => Ok(Concurrency::Adaptive),
+            serde_json::Value::Number(n) => match n.as_u64() {
+                Some(v) if (1..=u64::from(u32::MAX)).contains(&v) => {
+                    Ok(Concurrency::Fixed(v as u32))
+                }
+                _ => Err(serde::de::Error::custom(
+                    "max_concurrency must be a whole number of calls from 1, or \"adaptive\"",
+                )),
+            },
+            _ => Err(serde::de::Error::custom(
+                "max_concurrency must be a whole number of calls from 1, or \"adaptive\"",
+            )),
+        }
+    }
+}
+
+fn default_weight() -> f64 {
+    1.0
+}
+
+/// The most deployments one model may have.
+pub const MAX_DEPLOYMENTS: usize = 64;
+/// The most fallbacks one model may name.
+pub const MAX_FALLBACKS: usize = 8;
+
+/// How the engine routes calls for one gateway model: its deployments and fallbacks.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Routing {
+    /// The deployments, in the configuration's order (at least one).
+    pub deployments: Vec<Deployment>,
+    /// The models tried, in order, when no deployment can take a call.
+    pub fallbacks: Vec<String>,
+}
+
+impl GatewayModel {
+    /// Its deployments: the list given, or the one-upstream form as one deployment named
+    /// after its upstream.
+    pub fn deployments(&self) -> Vec<Deployment> {
+        match (&self.deployments, &self.upstream) {
+            (Some(list), _) => list.clone(),
+            (None, Some(upstream)) => vec![Deployment {
+                name: upstream.clone(),
+                upstream: upstream.clone(),
+                upstream_model: self.upstream_model.clone(),
+                weight: 1.0,
+                requests: None,
+                tokens: None,
+                max_concurrency: None,
+            }],
+            (None, None) => Vec::new(),
+        }
+    }
 }
 
 fn default_bytes_per_token() -> f64 {
@@ -115,12 +217,7 @@ impl GatewayConfig {
             if name.is_empty() || name.len() > 128 {
                 return Err(format!("gateway.models: {name:?} must be 1 to 128 bytes"));
             }
-            if !g.upstreams.contains_key(&m.upstream) {
-                return Err(format!(
-                    "gateway.models.{name}.upstream: no upstream named {:?}",
-                    m.upstream
-                ));
-            }
+            check_deployments(&g, name, m)?;
             if let Some(t) = &m.tokenizer {
                 if !TOKENIZERS.contains(&t.as_str()) {
                     return Err(format!(
@@ -140,6 +237,7 @@ impl GatewayConfig {
                 ));
             }
         }
+        check_fallbacks(&g)?;
         if g.default_timeout_ms == 0 || g.max_attempts == 0 {
             return Err("gateway: default_timeout_ms and max_attempts must be at least 1".into());
         }
@@ -155,6 +253,137 @@ impl GatewayConfig {
         }
         Ok(g)
     }
+
+    /// Every model's deployments and fallbacks, as the engine routes them.
+    pub fn routing(&self) -> BTreeMap<String, Routing> {
+        self.models
+            .iter()
+            .map(|(name, m)| {
+                let routing = Routing {
+                    deployments: m.deployments(),
+                    fallbacks: m.fallbacks.clone(),
+                };
+                (name.clone(), routing)
+            })
+            .collect()
+    }
+}
+
+/// A model's deployments: given in one form only, each named once, of a known upstream,
+/// with a finite weight of 0 or more and valid buckets.
+fn check_deployments(g: &GatewayConfig, name: &str, m: &GatewayModel) -> Result<(), String> {
+    let at = format!("gateway.models.{name}");
+    match (&m.upstream, &m.deployments) {
+        (Some(_), Some(_)) => {
+            return Err(format!(
+                "{at}: give either upstream or deployments, not both"
+            ))
+        }
+        (None, None) => return Err(format!("{at}: missing field `upstream` (or `deployments`)")),
+        (None, Some(list)) if list.is_empty() || list.len() > MAX_DEPLOYMENTS => {
+            return Err(format!(
+                "{at}.deployments must list 1 to {MAX_DEPLOYMENTS} deployments"
+            ))
+        }
+        (None, Some(_)) if m.upstream_model.is_some() => {
+            return Err(format!(
+                "{at}.upstream_model: with deployments, each deployment names its upstream_model"
+            ))
+        }
+        _ => {}
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for (i, d) in m.deployments().iter().enumerate() {
+        let at = match &m.deployments {
+            Some(_) => format!("{at}.deployments[{i}]"),
+            None => at.clone(),
+        };
+        if !valid_name(&d.name) {
+            return Err(format!(
+                "{at}.name must be 1 to 64 bytes of letters, digits, '-', '_' or '.', not {:?}",
+                d.name
+            ));
+        }
+        if !seen.insert(d.name.as_str()) {
+            return Err(format!("{at}.name: deployment {:?} is listed twice", d.name));
+        }
+        if !g.upstreams.contains_key(&d.upstream) {
+            return Err(format!("{at}.upstream: no upstream named {:?}", d.upstream));
+        }
+        if !(d.weight.is_finite() && (0.0..=1e6).contains(&d.weight)) {
+            return Err(format!(
+                "{at}.weight must be a number from 0 to 1000000, not {}",
+                d.weight
+            ));
+        }
+        for (field, b) in [("requests", &d.requests), ("tokens", &d.tokens)] {
+            if let Some(b) = b {
+                b.check(&format!("{at}.{field}"))
+                    .map_err(|e| e.0)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Fallbacks name other gateway models, without cycles.
+fn check_fallbacks(g: &GatewayConfig) -> Result<(), String> {
+    for (name, m) in &g.models {
+        if m.fallbacks.len() > MAX_FALLBACKS {
+            return Err(format!(
+                "gateway.models.{name}.fallbacks: at most {MAX_FALLBACKS} models"
+            ));
+        }
+        for f in &m.fallbacks {
+            if f == name || !g.models.contains_key(f) {
+                return Err(format!(
+                    "gateway.models.{name}.fallbacks: {f:?} is not another gateway model"
+                ));
+            }
+        }
+    }
+    // A cycle: a path of fallbacks from a model back to itself (depth-first, three colours).
+    fn visit<'a>(
+        g: &'a GatewayConfig,
+        m: &'a str,
+        state: &mut BTreeMap<&'a str, bool>,
+        path: &mut Vec<&'a str>,
+    ) -> Result<(), String> {
+        match state.get(m) {
+            Some(true) => return Ok(()),
+            Some(false) => {
+                path.push(m);
+                let from = path.iter().position(|p| *p == m).unwrap_or(0);
+                return Err(format!(
+                    "gateway.models.{}.fallbacks: a cycle ({})",
+                    path[from],
+                    path[from..].join(" -> ")
+                ));
+            }
+            None => {}
+        }
+        state.insert(m, false);
+        path.push(m);
+        for f in &g.models[m].fallbacks {
+            visit(g, f, state, path)?;
+        }
+        path.pop();
+        state.insert(m, true);
+        Ok(())
+    }
+    let mut state = BTreeMap::new();
+    for name in g.models.keys() {
+        visit(g, name, &mut state, &mut Vec::new())?;
+    }
+    Ok(())
+}
+
+/// A deployment name: it is part of store row names and metric labels.
+fn valid_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
 }
 
 /// An `http://` or `https://` URL with a host and no whitespace or control characters,

@@ -7,7 +7,10 @@
 mod file;
 mod gateway;
 pub use file::{bare_worker_name, ConfigFile, ConfigFileError, Role, DEFAULT_MAX_CONNECTIONS};
-pub use gateway::{GatewayConfig, GatewayModel, Upstream, TOKENIZERS};
+pub use gateway::{
+    Concurrency, Deployment, GatewayConfig, GatewayModel, Routing, Upstream, MAX_DEPLOYMENTS,
+    TOKENIZERS,
+};
 
 use crate::bucket::Limits;
 use crate::model::names;
@@ -34,6 +37,17 @@ impl BucketConfig {
     /// The exact integer limits the bucket arithmetic runs on.
     pub fn limits(&self) -> Limits {
         Limits::from_credits(self.capacity, self.refill_per_s)
+    }
+
+    /// Capacity and refill are finite numbers from 0 to 1e12; `name` says whose in the error.
+    pub(crate) fn check(&self, name: &str) -> Result<(), ConfigError> {
+        let ok = |x: f64| x.is_finite() && (0.0..=1e12).contains(&x);
+        if !ok(self.capacity) || !ok(self.refill_per_s) {
+            return Err(ConfigError(format!(
+                "{name}: capacity and refill_per_s must be numbers from 0 to 1e12"
+            )));
+        }
+        Ok(())
     }
 }
 
@@ -253,6 +267,9 @@ pub struct Config {
     pub policy_strings: BTreeMap<String, String>,
     /// The `models` section (`None`: requests may name any model, and no model has limits).
     pub models: Option<BTreeMap<String, ModelConfig>>,
+    /// The gateway's models by name, with their deployments and fallbacks (empty without a
+    /// gateway): an admission naming one reserves one of its deployments too.
+    pub routing: BTreeMap<String, Routing>,
     /// The configuration as written, from which a change of tenants is rebuilt.
     written: ConfigInput,
 }
@@ -413,6 +430,7 @@ impl Config {
             policy_params,
             policy_strings,
             models: input.models.clone(),
+            routing: BTreeMap::new(),
             written: input,
         };
         config.check()?;
@@ -481,12 +499,7 @@ impl Config {
             }
         }
         for (name, b) in buckets {
-            let ok = |x: f64| x.is_finite() && (0.0..=1e12).contains(&x);
-            if !ok(b.capacity) || !ok(b.refill_per_s) {
-                return Err(ConfigError(format!(
-                    "{name}: capacity and refill_per_s must be numbers from 0 to 1e12"
-                )));
-            }
+            b.check(&name)?;
         }
         if self.max_call_ms == 0 {
             return Err(ConfigError("limits.max_call_ms must be at least 1".into()));
@@ -525,7 +538,9 @@ impl Config {
                     .map_err(|e| ConfigError(format!("tenants.{name}: {e}")))
             })
             .collect::<Result<_, _>>()?;
-        Config::from_input(input)
+        let mut config = Config::from_input(input)?;
+        config.routing = self.routing.clone();
+        Ok(config)
     }
 
     /// Every tenant as written (JSON), fields left to the defaults absent.

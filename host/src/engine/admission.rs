@@ -1,8 +1,9 @@
 //! Admission (docs/contract.md section 4): validation, the operation's state, the downstream, the
-//! policy's plan, the deadline, the never-fit bound and the budgets, in that order, the
-//! first that refuses answering. All of it in one transaction; a refusal writes nothing.
+//! policy's plan, the deadline, the never-fit bound, the budgets and (for a gateway model) one
+//! of its deployments, in that order, the first that refuses answering. All of it in one transaction; a refusal writes nothing.
 
 use super::budgets::{Budgets, Needs, Refusal};
+use super::deployments;
 use super::{downstream_available, Engine};
 use crate::explain::{self, Shortfall, Unit};
 use crate::model::{OpState, Operation, Request, Route};
@@ -61,6 +62,12 @@ pub struct Decision {
     /// What the policy said of its refusal or degradation, bounded.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub policy_message: Option<String>,
+    /// The deployment of the gateway model reserved for the call (and the one to send it to).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub deployment: Option<String>,
+    /// The model that serves the call when it is not the one asked for (a fallback).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub served_model: Option<String>,
 }
 
 impl Decision {
@@ -82,6 +89,8 @@ impl Decision {
             state: None,
             result_ref: None,
             policy: None,
+            deployment: None,
+            served_model: None,
         }
     }
 
@@ -149,6 +158,8 @@ impl Decision {
             message: None,
             shortfall: None,
             policy_message: None,
+            deployment: op.deployment.clone(),
+            served_model: op.asked_model.as_ref().and(op.model.clone()),
         }
     }
 
@@ -202,6 +213,10 @@ pub(super) struct Planned {
     reservation: super::budgets::Reservation,
     /// What the policy said of its plan (a degradation's reason, say).
     policy_message: Option<String>,
+    /// The deployment reserved, for a gateway model's call.
+    deployment: Option<super::deployments::Chosen>,
+    /// The fallback model that serves the call, when its own model's deployments could not.
+    served_model: Option<String>,
 }
 
 impl Planned {
@@ -306,7 +321,8 @@ impl<S: Store> Engine<S> {
         };
         // The shadow decides from the same snapshot, before anything is written.
         let shadow_view = self.has_shadow().then(|| view.clone());
-        let planned = match self.judge(tx, policy, req, &guest_req, view, now_ms)? {
+        let avoid = prior.as_ref().and_then(|p| p.deployment.as_deref());
+        let planned = match self.judge(tx, policy, req, &guest_req, view, avoid, now_ms)? {
             Ok(p) => p,
             Err(refused) => {
                 self.shadow_decision(tx, req, &guest_req, shadow_view, &refused, None, now_ms);
@@ -329,8 +345,18 @@ impl<S: Store> Engine<S> {
             estimated_exec_ms,
             reservation,
             policy_message,
+            deployment,
+            served_model,
         } = planned;
         let taken = reservation.apply(tx)?;
+        let deployment = match deployment {
+            Some(chosen) => {
+                let name = chosen.name.clone();
+                chosen.apply(tx)?;
+                Some(name)
+            }
+            None => None,
+        };
 
         let state = match req.route {
             Route::Interactive => OpState::Active,
@@ -360,7 +386,7 @@ impl<S: Store> Engine<S> {
             last_result: None,
             last_retry: None,
             policy_digest: digest.clone(),
-            model: req.model.clone(),
+            model: served_model.clone().or_else(|| req.model.clone()),
             priority: req.priority,
             reserved_cost_microusd: if req.route == Route::Interactive {
                 cost
@@ -369,6 +395,9 @@ impl<S: Store> Engine<S> {
             },
             state_since_ms: Some(now_ms),
             usage: None,
+            holds_deployment_slot: deployment.is_some(),
+            deployment,
+            asked_model: served_model.and(req.model.clone()),
         };
         if req.route == Route::Durable {
             tx.enqueue(&QueuedJob {
@@ -401,6 +430,7 @@ impl<S: Store> Engine<S> {
         req: &Request,
         guest_req: &runtime::Request,
         view: crate::runtime::DecisionView,
+        avoid: Option<&str>,
         now_ms: i64,
     ) -> Result<Result<Planned, Decision>, StoreError> {
         let digest = policy.digest().to_string();
@@ -518,7 +548,7 @@ impl<S: Store> Engine<S> {
             };
             return Ok(Err(with_policy(Decision::refused(full))));
         }
-        Ok(Ok(Planned {
+        let mut planned = Planned {
             max_output,
             optional_context,
             degraded,
@@ -526,10 +556,85 @@ impl<S: Store> Engine<S> {
             cost,
             estimated_exec_ms: plan.estimated_exec_ms,
             reservation,
-            policy_message: words,
-        }))
+            policy_message: words.clone(),
+            deployment: None,
+            served_model: None,
+        };
+        // A gateway model's call reserves one of its deployments too (or a fallback's).
+        let routed = match (req.route, req.model.as_deref()) {
+            (Route::Interactive, Some(m)) => config.routing.get_key_value(m),
+            _ => None,
+        };
+        if let Some((model, routing)) = routed {
+            let busy = plan.busy_retry_after_ms;
+            match deployments::choose(tx, &config, model, now_ms, reserved, avoid, busy)? {
+                Ok(chosen) => planned.deployment = Some(chosen),
+                Err(refusal) => {
+                    let fallbacks = if req.fallback { &routing.fallbacks[..] } else { &[] };
+                    let found = self.fallback(tx, req, tenant, fallbacks, &planned, busy, now_ms)?;
+                    let Some((reservation, chosen, cost)) = found else {
+                        return Ok(Err(with_policy(Decision::refused(refusal))));
+                    };
+                    planned.served_model = Some(chosen.model.clone());
+                    planned.reservation = reservation;
+                    planned.cost = cost;
+                    planned.deployment = Some(chosen);
+                }
+            }
+        }
+        Ok(Ok(planned))
+    }
+
+    /// The first of `fallbacks` whose budgets (the tenant's and global ones again, and the
+    /// fallback model's own) and one of whose deployments can take the call: its checked
+    /// reservation, deployment and cost.
+    #[allow(clippy::too_many_arguments)]
+    fn fallback(
+        &self,
+        tx: &mut dyn Tx,
+        req: &Request,
+        tenant: &crate::config::TenantConfig,
+        fallbacks: &[String],
+        planned: &Planned,
+        busy: Option<u64>,
+        now_ms: i64,
+    ) -> Result<Option<FallbackChoice>, StoreError> {
+        let config = self.config();
+        for f in fallbacks {
+            let budgets = Budgets::for_request(&config, &req.tenant, tenant, Some(f));
+            if budgets.token_buckets().any(|b| b.never_fits(planned.reserved)) {
+                continue;
+            }
+            let cost = budgets.cost(
+                req.input_tokens + planned.optional_context,
+                planned.max_output,
+            );
+            let needs = Needs {
+                requests: true,
+                tokens: planned.reserved,
+                cost_microusd: cost,
+                slots: true,
+                busy_retry_after_ms: busy,
+            };
+            let Ok(reservation) = budgets.check(tx, now_ms, &needs)? else {
+                continue;
+            };
+            if let Ok(chosen) =
+                deployments::choose(tx, &config, f, now_ms, planned.reserved, None, busy)?
+            {
+                return Ok(Some((reservation, chosen, cost)));
+            }
+        }
+        Ok(None)
     }
 }
+
+/// A fallback model's checked reservation, its deployment, and the call's cost there.
+type FallbackChoice = (
+    super::budgets::Reservation,
+    super::deployments::Chosen,
+    u64,
+);
 
 /// The longest retry-after a policy may estimate; a policy's figure is advice to callers,
 /// and an absurd one (a hostile or broken module) must not tell them to go away for years.

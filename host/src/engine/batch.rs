@@ -341,6 +341,40 @@ impl<S: Store> Engine<S> {
                 ),
             }
         }
+        // Deployments: an admission's model's and its fallbacks'; a completion's may be any.
+        let mut routed: Vec<&str> = Vec::new();
+        for job in jobs {
+            match job {
+                Job::Admit { request, .. } | Job::AdmitWithLevels { request, .. } => {
+                    if let Some((m, r)) = request
+                        .model
+                        .as_deref()
+                        .and_then(|m| config.routing.get_key_value(m))
+                    {
+                        routed.push(m);
+                        routed.extend(r.fallbacks.iter().map(String::as_str));
+                    }
+                }
+                Job::Complete { .. } | Job::Reconcile { .. } => {
+                    routed.extend(config.routing.keys().map(String::as_str))
+                }
+                _ => {}
+            }
+        }
+        routed.sort_unstable();
+        routed.dedup();
+        for model in routed {
+            for d in super::deployments::DeploymentBudgets::of(&config, model) {
+                let (buckets, slots) = d.rows();
+                hint.buckets.extend(buckets);
+                hint.slots.extend(slots);
+            }
+            // A fallback reserves its own model's buckets.
+            if let Some(m) = config.model(model) {
+                hint.buckets.extend(m.requests.map(|_| crate::model::names::model_requests(model)));
+                hint.buckets.extend(m.tokens.map(|_| crate::model::names::model_tokens(model)));
+            }
+        }
         for list in [&mut hint.buckets, &mut hint.slots, &mut hint.queues] {
             list.sort();
             list.dedup();

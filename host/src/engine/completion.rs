@@ -3,6 +3,7 @@
 //! and deadline.
 
 use super::budgets::{release_slot, Budgets};
+use super::deployments::{self, AttemptEnd, DeploymentBudgets, ProviderLimits};
 use super::Engine;
 use crate::model::{names, CallResult, OpState, Operation, RetryVerdict, Route, Usage};
 use crate::runtime::{self, Decider, Failure, GiveUpReason, RetryDecision};
@@ -34,6 +35,9 @@ pub struct Completion {
     /// The call's answer, saved with a success so that a repeated call can be given it
     /// (opaque to the engine; the gateway's encoding).
     pub answer: Option<SavedAnswer>,
+    /// What the provider said of its own limits on this answer: it lowers the balances of
+    /// the deployment the attempt was sent to.
+    pub provider_limits: Option<ProviderLimits>,
 }
 
 /// An answer saved with an operation's success, kept until `expires_ms`.
@@ -59,6 +63,7 @@ impl Completion {
             worker: None,
             attempt: None,
             answer: None,
+            provider_limits: None,
         }
     }
 }
@@ -292,6 +297,16 @@ impl<S: Store> Engine<S> {
             op.result_ref = c.result_ref.clone();
         }
         op.last_result = Some(c.result);
+        // The deployment learns from how its attempt ended before its slot is released.
+        if let (Some(model), Some(name)) = (op.model.as_deref(), op.deployment.as_deref()) {
+            let end = AttemptEnd {
+                result: c.result,
+                failure: c.failure.as_deref(),
+                provider_retry_after_ms: c.provider_retry_after_ms,
+                limits: c.provider_limits.as_ref(),
+            };
+            deployments::end_attempt(tx, &self.config(), model, name, now_ms, &end)?;
+        }
         match c.result {
             CallResult::Succeeded => {
                 self.finish_attempt(tx, &mut op, c.usage, now_ms)?;
@@ -359,7 +374,13 @@ impl<S: Store> Engine<S> {
             route: super::wit_route(op.route),
             attempt: op.attempt,
             failure: c.failure.as_deref().map(failure_kind),
-            provider_retry_after_ms: c.provider_retry_after_ms,
+            // Where the call can move to another deployment or model, the provider's
+            // retry-after pauses the deployment (above), not the call.
+            provider_retry_after_ms: c.provider_retry_after_ms.filter(|_| {
+                let config = self.config();
+                let asked = op.asked_model.as_ref().or(op.model.as_ref());
+                !deployments::can_move(asked.and_then(|m| config.routing.get(m)))
+            }),
             deadline_ms: op.deadline_ms,
             max_output_tokens: op.max_output_tokens,
             optional_context_tokens: op.optional_context_tokens,
@@ -411,6 +432,12 @@ impl<S: Store> Engine<S> {
             release_slot(tx, &names::tenant_slots(&op.tenant))?;
             op.holds_tenant_slot = false;
         }
+        if op.holds_deployment_slot {
+            if let (Some(model), Some(name)) = (&op.model, &op.deployment) {
+                release_slot(tx, &names::deployment_slots(model, name))?;
+            }
+            op.holds_deployment_slot = false;
+        }
         if op.tokens_reserved {
             op.tokens_reserved = false;
             let reserved_cost = std::mem::take(&mut op.reserved_cost_microusd);
@@ -427,6 +454,21 @@ impl<S: Store> Engine<S> {
                 let cost_used = budgets.cost(u.input_tokens, u.output_tokens);
                 let unused_cost = reserved_cost.saturating_sub(cost_used);
                 budgets.refund(tx, unused, unused_cost, now_ms)?;
+                if let (Some(model), Some(name), true) =
+                    (&op.model, &op.deployment, unused > 0)
+                {
+                    let config = self.config();
+                    let configured = config.routing.get(model).and_then(|r| {
+                        r.deployments
+                            .iter()
+                            .find(|d| &d.name == name && d.tokens.is_some())
+                    });
+                    if let Some(d) = configured {
+                        DeploymentBudgets::new(model, d)
+                            .tokens
+                            .refund(tx, unused, now_ms)?;
+                    }
+                }
             }
         }
         Ok(())

@@ -10,6 +10,7 @@ mod batch;
 mod budgets;
 mod builder;
 mod completion;
+mod deployments;
 mod directory;
 mod dispatch;
 mod housekeeping;
@@ -21,6 +22,7 @@ pub use admission::Decision;
 pub(crate) use batch::{Answer, Job};
 pub use batch::{Answers, Batch, Ticket};
 pub use builder::{EngineBuilder, StartError, Started};
+pub use deployments::{Health, HealthState, ProviderLimits};
 pub use completion::{Completion, CompletionAnswer, CompletionError, Reconciliation, SavedAnswer};
 pub use directory::{DirectoryApplied, DirectoryError, KeyInfo};
 pub use dispatch::{Claim, DispatchAnswer, DispatchReason};
@@ -130,6 +132,10 @@ pub struct Inspection {
     pub downstream_available: bool,
     /// The active policy.
     pub policy: PolicyIdentity,
+    /// Each gateway model's deployments (`deployment.<model>.<name>`): healthy, paused,
+    /// ejected or probing, with its calls in flight and concurrency limit.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub deployments: BTreeMap<String, Health>,
 }
 
 /// A tenant's request and token buckets, as rate-limit headers show them.
@@ -168,6 +174,12 @@ pub struct OperationView {
     /// What the provider reported as used, by class, once the attempt ended with usage.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<crate::model::Usage>,
+    /// The model serving the call, when it is a gateway model.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// The deployment the current attempt was sent to.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub deployment: Option<String>,
 }
 
 impl OperationView {
@@ -184,6 +196,8 @@ impl OperationView {
             result_ref: op.result_ref.clone(),
             policy: op.policy_digest.clone(),
             usage: op.usage,
+            model: op.model.clone(),
+            deployment: op.deployment.clone(),
         }
     }
 }
@@ -315,6 +329,23 @@ impl<S: Store> Engine<S> {
             }
             queues.insert(name.clone(), tx.queue_depth(name)?);
         }
+        let config = self.config();
+        let mut deployments = BTreeMap::new();
+        for model in config.routing.keys() {
+            for d in deployments::DeploymentBudgets::of(&config, model) {
+                for (b, configured) in [
+                    (&d.requests, d.deployment.requests.is_some()),
+                    (&d.tokens, d.deployment.tokens.is_some()),
+                ] {
+                    if configured {
+                        buckets.insert(b.name.clone(), b.level(tx, now_ms)?.whole_credits());
+                    }
+                }
+                let health = d.health(tx, now_ms)?;
+                slots.insert(d.slots.clone(), health.in_flight);
+                deployments.insert(names::deployment(model, &d.deployment.name), health);
+            }
+        }
         let (operations, next) = match operations {
             Some(page) => {
                 let page = housekeeping::page_in(tx, None, page)?;
@@ -331,6 +362,7 @@ impl<S: Store> Engine<S> {
             next,
             downstream_available,
             policy,
+            deployments,
         })
     }
 

@@ -264,7 +264,7 @@ impl<S: Store> Engine<S> {
             return;
         }
         let verdict: Result<_, StoreError> =
-            self.judge(tx, shadow.policy.as_ref(), req, guest_req, view, now_ms);
+            self.judge(tx, shadow.policy.as_ref(), req, guest_req, view, None, now_ms);
         let (shadow_label, shadow_plan) = match verdict {
             Ok(Ok(planned)) => {
                 let plan = planned.shape();

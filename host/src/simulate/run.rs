@@ -291,6 +291,7 @@ impl<'a, S: Store> Sim<'a, S> {
             model: a.model.as_deref().map(str::to_string),
             priority: a.priority,
             labels: BTreeMap::new(),
+            fallback: true,
         };
         let decision = self.pending.admit(request, now);
         self.thens.push(Then::Admitted(op, decision));
@@ -450,6 +451,7 @@ impl<'a, S: Store> Sim<'a, S> {
             worker: worker.map(|w| self.worker_names[w as usize].clone()),
             attempt: Some(attempt),
             answer: None,
+           provider_limits: None,
         };
         let answer = self.pending.complete(completion, now);
         self.thens.push(Then::Completed {
