@@ -444,7 +444,13 @@ pub mod names {
         format!("deployment.{model}.{name}")
     }
 
-    /// A deployment's request bucket (also what a pause or an ejection empties).
+    /// When a deployment's pause (a 429's retry-after) or ejection ends: a bucket row whose
+    /// `updated_ms` is that time.
+    pub fn deployment_pause(model: &str, name: &str) -> String {
+        format!("deployment.{model}.{name}.pause")
+    }
+
+    /// A deployment's request bucket.
     pub fn deployment_requests(model: &str, name: &str) -> String {
         format!("deployment.{model}.{name}.requests")
     }

@@ -9,7 +9,7 @@ use super::replay;
 use super::sse::{self, Splitter};
 use super::upstream::{self, Sent};
 use super::Shared;
-use super::{ChatCall, ModelRoute, MAX_ANSWER_BYTES};
+use super::{ChatCall, DeploymentRoute, Gateway, MAX_ANSWER_BYTES};
 use crate::http::AppState;
 use axum::body::{Body, Bytes};
 use axum::http::{header, HeaderMap, HeaderValue, Request, StatusCode};
@@ -24,7 +24,6 @@ use tollgate::reason::{Outcome, Reason};
 /// Runs the call to its end and answers the caller.
 pub async fn run(s: Shared, call: ChatCall) -> Response {
     let g = &s.gateway;
-    let route = &g.models[&call.model];
     let mut attempts = 0;
     loop {
         let (decision, levels) = match admit(&s, &call).await {
@@ -45,7 +44,17 @@ pub async fn run(s: Shared, call: ChatCall) -> Response {
         attempts += 1;
         let attempt = decision.attempt.unwrap_or(1);
         tracing::info!(tenant = %call.tenant, key = %call.key, attempt, model = %call.model, "gateway call");
-        let request = upstream_request(route, &call, &decision);
+        let Some(target) = target(g, &call, &decision) else {
+            // Only a configuration changed under the running server could get here.
+            tracing::error!(tenant = %call.tenant, model = %call.model, deployment = ?decision.deployment, "no such deployment");
+            return lost(&s, &call, attempt, "no such deployment", levels.as_ref(), None).await;
+        };
+        let sent = Routed {
+            deployment: decision.deployment.clone().unwrap_or_default(),
+            model: decision.served_model.clone(),
+            attempts,
+        };
+        let request = upstream_request(target, &call, &decision);
         let deadline = deadline_instant(&s, call.deadline_ms);
         let started = Instant::now();
         match upstream::send(&g.client, request, deadline).await {
@@ -53,7 +62,7 @@ pub async fn run(s: Shared, call: ChatCall) -> Response {
                 return stream(
                     s.clone(),
                     call,
-                    decision,
+                    (decision, sent),
                     levels,
                     response,
                     started,
@@ -61,6 +70,7 @@ pub async fn run(s: Shared, call: ChatCall) -> Response {
                 );
             }
             Sent::Answer(response) => {
+                let limits = upstream::provider_limits(response.headers());
                 let read = tokio::time::timeout_at(
                     deadline,
                     upstream::read_all(response.into_body(), MAX_ANSWER_BYTES),
@@ -69,8 +79,13 @@ pub async fn run(s: Shared, call: ChatCall) -> Response {
                 observe(&s.metrics.gateway_upstream_seconds, &call, started);
                 let body = match read {
                     Ok(Ok(body)) => body,
-                    Ok(Err(e)) => return lost(&s, &call, attempt, &e, levels.as_ref()).await,
-                    Err(_) => return lost(&s, &call, attempt, "deadline", levels.as_ref()).await,
+                    Ok(Err(e)) => {
+                        return lost(&s, &call, attempt, &e, levels.as_ref(), Some(&sent)).await
+                    }
+                    Err(_) => {
+                        return lost(&s, &call, attempt, "deadline", levels.as_ref(), Some(&sent))
+                            .await
+                    }
                 };
                 let usage = serde_json::from_slice::<Value>(&body)
                     .ok()
@@ -84,9 +99,11 @@ pub async fn run(s: Shared, call: ChatCall) -> Response {
                 let answer = call.replay.and_then(|r| {
                     r.save(StatusCode::OK, response.headers(), &body, s.clock.now_ms())
                 });
+                sent.mark(response.headers_mut());
                 let ending = Ending {
                     usage,
                     answer,
+                    limits,
                     ..Ending::of(CallResult::Succeeded)
                 };
                 finish(&s, &call, attempt, ending).await;
@@ -97,12 +114,14 @@ pub async fn run(s: Shared, call: ChatCall) -> Response {
                 refusal,
                 status,
                 body,
+                limits,
             } => {
                 observe(&s.metrics.gateway_upstream_seconds, &call, started);
                 tracing::info!(tenant = %call.tenant, key = %call.key, attempt, kind = refusal.kind, status = status.as_u16(), "upstream refused");
                 let ending = Ending {
                     failure: Some(refusal.kind),
                     provider_retry_after_ms: refusal.retry_after_ms,
+                    limits,
                     ..Ending::of(CallResult::Failed)
                 };
                 let verdict = finish(&s, &call, attempt, ending).await;
@@ -116,9 +135,13 @@ pub async fn run(s: Shared, call: ChatCall) -> Response {
                     }
                 }
                 count(&s, &call, "failed");
-                return passed_on(status, body, levels.as_ref());
+                let mut response = passed_on(status, body, levels.as_ref());
+                sent.mark(response.headers_mut());
+                return response;
             }
-            Sent::Lost(why) => return lost(&s, &call, attempt, &why, levels.as_ref()).await,
+            Sent::Lost(why) => {
+                return lost(&s, &call, attempt, &why, levels.as_ref(), Some(&sent)).await
+            }
         }
     }
 }
@@ -165,15 +188,50 @@ pub(super) async fn levels(s: &AppState, tenant: &str) -> Option<TenantLevels> {
         .flatten()
 }
 
-/// The request sent upstream: the caller's body with the upstream's model name, the
-/// plan's output limit, and the usage chunk asked for on streams; the upstream's key.
+/// Where an attempt went, as the caller's answer says: `x-tollgate-deployment`,
+/// `x-tollgate-attempts` and, when a fallback model served, `x-tollgate-model`.
+struct Routed {
+    deployment: String,
+    model: Option<String>,
+    attempts: u32,
+}
+
+impl Routed {
+    fn mark(&self, headers: &mut HeaderMap) {
+        if let Ok(v) = HeaderValue::from_str(&self.deployment) {
+            headers.insert("x-tollgate-deployment", v);
+        }
+        headers.insert("x-tollgate-attempts", HeaderValue::from(self.attempts));
+        if let Some(v) = self.model.as_deref().and_then(|m| HeaderValue::from_str(m).ok()) {
+            headers.insert("x-tollgate-model", v);
+        }
+    }
+}
+
+/// The deployment the engine reserved for this attempt (of the fallback model, when one
+/// serves), and the model's name to send.
+fn target<'g>(
+    g: &'g Gateway,
+    call: &ChatCall,
+    decision: &Decision,
+) -> Option<(&'g DeploymentRoute, Option<&'g str>)> {
+    let model = decision.served_model.as_deref().unwrap_or(&call.model);
+    let (served, route) = g.models.get_key_value(model)?;
+    let d = route.deployments.get(decision.deployment.as_deref()?)?;
+    let fallback = decision.served_model.is_some().then_some(served.as_str());
+    Some((d, fallback))
+}
+
+/// The request sent upstream: the caller's body with the deployment's model name (or the
+/// fallback model's), the plan's output limit, and the usage chunk asked for on streams;
+/// the upstream's key.
 fn upstream_request(
-    route: &ModelRoute,
+    (route, fallback): (&DeploymentRoute, Option<&str>),
     call: &ChatCall,
     decision: &Decision,
 ) -> Request<Full<Bytes>> {
     let mut body = call.body.clone();
-    if let Some(m) = &route.upstream_model {
+    if let Some(m) = route.upstream_model.as_deref().or(fallback) {
         body.insert("model".into(), json!(m));
     }
     let planned = decision
@@ -218,6 +276,7 @@ async fn lost(
     attempt: u32,
     why: &str,
     levels: Option<&TenantLevels>,
+    sent: Option<&Routed>,
 ) -> Response {
     tracing::warn!(tenant = %call.tenant, key = %call.key, attempt, why, "upstream outcome unknown");
     finish(s, call, attempt, Ending::of(CallResult::Unknown)).await;
@@ -231,6 +290,9 @@ async fn lost(
         openai::rate_limit_headers(response.headers_mut(), l);
     }
     openai::should_retry(response.headers_mut(), false);
+    if let Some(sent) = sent {
+        sent.mark(response.headers_mut());
+    }
     response
 }
 
@@ -357,7 +419,7 @@ fn observe(histogram: &prometheus::HistogramVec, call: &ChatCall, started: Insta
 fn stream(
     s: Shared,
     call: ChatCall,
-    decision: Decision,
+    (decision, sent): (Decision, Routed),
     levels: Option<TenantLevels>,
     upstream: axum::http::Response<hyper::body::Incoming>,
     started: Instant,
@@ -365,6 +427,7 @@ fn stream(
 ) -> Response {
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(64);
     let attempt = decision.attempt.unwrap_or(1);
+    let limits = upstream::provider_limits(upstream.headers());
     let mut response_head = HeaderMap::new();
     response_head.insert(
         header::CONTENT_TYPE,
@@ -438,6 +501,7 @@ fn stream(
                 let ending = Ending {
                     usage,
                     answer,
+                    limits,
                     ..Ending::of(CallResult::Succeeded)
                 };
                 finish(&s, &call, attempt, ending).await;
@@ -460,5 +524,6 @@ fn stream(
     let mut response = Response::new(Body::from_stream(stream));
     *response.headers_mut() = response_head;
     decorate(&mut response, levels.as_ref(), &decision);
+    sent.mark(response.headers_mut());
     response
 }

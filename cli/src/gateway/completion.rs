@@ -11,7 +11,7 @@
 use super::ChatCall;
 use super::Shared;
 use std::time::Duration;
-use tollgate::engine::{Completion, CompletionAnswer, SavedAnswer};
+use tollgate::engine::{Completion, CompletionAnswer, ProviderLimits, SavedAnswer};
 use tollgate::model::{CallResult, RetryVerdict, Usage};
 use tollgate::writer::Failure;
 
@@ -27,6 +27,8 @@ pub struct Ending {
     pub provider_retry_after_ms: Option<u64>,
     /// The answer kept for a repeated call, saved with the success.
     pub answer: Option<SavedAnswer>,
+    /// What the provider said of its limits, for the deployment to learn.
+    pub limits: Option<ProviderLimits>,
 }
 
 impl Ending {
@@ -37,6 +39,7 @@ impl Ending {
             failure: None,
             provider_retry_after_ms: None,
             answer: None,
+            limits: None,
         }
     }
 }
@@ -65,6 +68,7 @@ pub async fn finish(
         failure: ending.failure.map(str::to_string),
         provider_retry_after_ms: ending.provider_retry_after_ms,
         answer: ending.answer,
+        provider_limits: ending.limits,
         // A report names its attempt: a late one can never end the next attempt.
         attempt: Some(attempt),
         ..Completion::succeeded(&call.tenant, &call.key)

@@ -33,14 +33,20 @@ pub use upstream::HttpClient;
 
 /// What the gateway knows of one model.
 struct ModelRoute {
+    counter: tokens::Counter,
+    default_max_output_tokens: u64,
+    /// Where each deployment sends a call, by deployment name.
+    deployments: BTreeMap<String, DeploymentRoute>,
+}
+
+/// Where one deployment sends a call.
+struct DeploymentRoute {
     /// The upstream's chat completions URL.
     url: String,
     /// The upstream's key, read from its environment variable at start.
     api_key: Option<String>,
-    /// The model's name upstream.
+    /// The model's name at this deployment, when it differs.
     upstream_model: Option<String>,
-    counter: tokens::Counter,
-    default_max_output_tokens: u64,
 }
 
 /// The gateway's state, built once at start.
@@ -83,19 +89,29 @@ impl Gateway {
             .models
             .iter()
             .map(|(name, m)| {
-                let upstream = &g.upstreams[&m.upstream];
+                let deployments = m
+                    .deployments()
+                    .into_iter()
+                    .map(|d| {
+                        let upstream = &g.upstreams[&d.upstream];
+                        let route = DeploymentRoute {
+                            url: format!(
+                                "{}/chat/completions",
+                                upstream.base_url.trim_end_matches('/')
+                            ),
+                            api_key: keys[&d.upstream].clone(),
+                            upstream_model: d.upstream_model.clone(),
+                        };
+                        (d.name, route)
+                    })
+                    .collect();
                 let route = ModelRoute {
-                    url: format!(
-                        "{}/chat/completions",
-                        upstream.base_url.trim_end_matches('/')
-                    ),
-                    api_key: keys[&m.upstream].clone(),
-                    upstream_model: m.upstream_model.clone(),
                     counter: tokens::Counter::new(
                         m.tokenizer.as_deref(),
                         m.estimate_bytes_per_token,
                     ),
                     default_max_output_tokens: m.default_max_output_tokens,
+                    deployments,
                 };
                 (name.clone(), route)
             })
@@ -317,6 +333,11 @@ async fn read_call(
     // The same name as the top-level `models` section's: its budgets apply, and policies
     // see which model a call is for.
     admission["model"] = json!(model);
+    match headers.get("x-tollgate-fallback").map(|v| v.to_str()) {
+        None | Some(Ok("any")) => {}
+        Some(Ok("none")) => admission["fallback"] = json!(false),
+        Some(_) => return Err(invalid("x-tollgate-fallback must be none or any")),
+    }
     if let Some(labels) = headers.get("x-tollgate-labels") {
         admission["labels"] = labels_header(labels).ok_or_else(|| {
             invalid("x-tollgate-labels must be key=value pairs separated by commas")

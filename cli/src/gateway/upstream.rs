@@ -8,6 +8,7 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
+use tollgate::engine::ProviderLimits;
 
 /// One client, shared by every call: connections to each provider are kept alive.
 pub type HttpClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
@@ -44,6 +45,8 @@ pub enum Sent {
         status: StatusCode,
         /// The provider's body, if any.
         body: Bytes,
+        /// What the provider said of its limits.
+        limits: Option<ProviderLimits>,
     },
     /// The request may have reached the provider and no answer came: outcome unknown.
     Lost(String),
@@ -65,6 +68,7 @@ pub async fn send(
                 },
                 status: StatusCode::BAD_GATEWAY,
                 body: Bytes::new(),
+                limits: None,
             }
         }
         Ok(Err(e)) => return Sent::Lost(format!("connection lost: {e}")),
@@ -81,6 +85,7 @@ pub async fn send(
         _ => "bad_request",
     };
     let retry_after_ms = retry_after(response.headers());
+    let limits = provider_limits(response.headers());
     // A refusal's body is small; one that does not come is not worth waiting for.
     let body =
         match tokio::time::timeout_at(deadline, read_all(response.into_body(), 1 << 20)).await {
@@ -94,7 +99,55 @@ pub async fn send(
         },
         status,
         body,
+        limits,
     }
+}
+
+/// What a provider's answer says of its limits: OpenAI's `x-ratelimit-remaining-*` and
+/// `x-ratelimit-reset-*` (durations such as `1s`, `6m0s`, `17ms`), Anthropic's
+/// `anthropic-ratelimit-*-remaining` (its resets are dates: the default pause applies).
+pub fn provider_limits(headers: &HeaderMap) -> Option<ProviderLimits> {
+    let text = |name: &str| headers.get(name)?.to_str().ok().map(str::trim);
+    let number = |name: &str| text(name)?.parse::<u64>().ok();
+    let limits = ProviderLimits {
+        remaining_requests: number("x-ratelimit-remaining-requests")
+            .or_else(|| number("anthropic-ratelimit-requests-remaining")),
+        remaining_tokens: number("x-ratelimit-remaining-tokens")
+            .or_else(|| number("anthropic-ratelimit-tokens-remaining")),
+        reset_requests_ms: text("x-ratelimit-reset-requests").and_then(duration_ms),
+        reset_tokens_ms: text("x-ratelimit-reset-tokens").and_then(duration_ms),
+    };
+    (limits != ProviderLimits::default()).then_some(limits)
+}
+
+/// A duration as OpenAI writes it (`6m0s`, `1.5s`, `17ms`, `1h2m3s`), in whole ms rounded up.
+fn duration_ms(text: &str) -> Option<u64> {
+    let mut total = 0.0f64;
+    let mut rest = text;
+    if rest.is_empty() {
+        return None;
+    }
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        let n: f64 = rest[..digits].parse().ok()?;
+        rest = &rest[digits..];
+        let (unit, len) = if rest.starts_with("ms") {
+            (0.001, 2)
+        } else if rest.starts_with('h') {
+            (3600.0, 1)
+        } else if rest.starts_with('m') {
+            (60.0, 1)
+        } else if rest.starts_with('s') {
+            (1.0, 1)
+        } else {
+            return None;
+        };
+        total += n * unit;
+        rest = &rest[len..];
+    }
+    (total.is_finite() && total >= 0.0).then(|| (total * 1000.0).ceil() as u64)
 }
 
 /// The provider's retry-after: `retry-after-ms`, else `retry-after` in seconds.
@@ -120,6 +173,27 @@ pub async fn read_all(body: Incoming, limit: usize) -> Result<Bytes, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn provider_limits_read_openai_and_anthropic_headers() {
+        let mut h = HeaderMap::new();
+        assert_eq!(provider_limits(&h), None);
+        h.insert("x-ratelimit-remaining-requests", "59".parse().unwrap());
+        h.insert("x-ratelimit-remaining-tokens", "149984".parse().unwrap());
+        h.insert("x-ratelimit-reset-requests", "1s".parse().unwrap());
+        h.insert("x-ratelimit-reset-tokens", "6m0s".parse().unwrap());
+        let l = provider_limits(&h).unwrap();
+        assert_eq!(l.remaining_requests, Some(59));
+        assert_eq!(l.remaining_tokens, Some(149_984));
+        assert_eq!(l.reset_requests_ms, Some(1000));
+        assert_eq!(l.reset_tokens_ms, Some(360_000));
+        let mut a = HeaderMap::new();
+        a.insert("anthropic-ratelimit-requests-remaining", "7".parse().unwrap());
+        assert_eq!(provider_limits(&a).unwrap().remaining_requests, Some(7));
+        for (text, ms) in [("17ms", Some(17)), ("1.5s", Some(1500)), ("1h2m3s", Some(3_723_000)), ("", None), ("5x", None), ("m", None)] {
+            assert_eq!(duration_ms(text), ms, "{text}");
+        }
+    }
 
     #[test]
     fn retry_after_reads_milliseconds_first() {

@@ -95,6 +95,8 @@ pub(super) struct CompleteBody {
     result_ref: Option<String>,
     #[serde(default)]
     attempt: Option<u32>,
+    #[serde(default)]
+    provider_limits: Option<tollgate::engine::ProviderLimits>,
 }
 
 #[derive(Deserialize)]
@@ -179,6 +181,7 @@ pub(super) async fn complete(
         worker: r.worker,
         attempt: r.body.attempt,
         answer: None,
+        provider_limits: r.body.provider_limits,
     };
     let answer = s.writer.complete(completion, s.clock.now_ms()).await;
     completion_response(answer.map_err(store_refusal)?)

@@ -736,6 +736,7 @@ mod tests {
             model: None,
             priority: crate::model::Priority::Standard,
             labels: Default::default(),
+            fallback: true,
         }
     }
 

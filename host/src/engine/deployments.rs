@@ -10,8 +10,9 @@
 //! Every piece of a deployment's state is an ordinary bucket or slot row
 //! (`deployment.<model>.<name>.*`), so it is locked, batched and replicated as the other
 //! budgets are:
-//! - a pause or an ejection is the request bucket emptied with its refill time set to the
-//!   end of the pause (a bucket never refills before its `updated_ms`);
+//! - a pause or an ejection is a row (`.pause`, kept as a bucket row) whose time is when it
+//!   ends; a provider's lowered balance does not refill before the provider's reset (a
+//!   bucket never refills before its `updated_ms`);
 //! - consecutive failures, ejections in a row and the learned limit are counts in slot rows.
 
 use super::budgets::{BucketRef, Refusal};
@@ -48,15 +49,20 @@ const UNLIMITED: Limits = Limits {
 
 /// What the provider said of its own limits on one answer (OpenAI's `x-ratelimit-*`,
 /// Anthropic's `anthropic-ratelimit-*`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ProviderLimits {
     /// Requests left in the provider's window.
+    #[serde(default)]
     pub remaining_requests: Option<u64>,
     /// Tokens left in the provider's window.
+    #[serde(default)]
     pub remaining_tokens: Option<u64>,
     /// Until the request budget is whole again, in ms.
+    #[serde(default)]
     pub reset_requests_ms: Option<u64>,
     /// Until the token budget is whole again, in ms.
+    #[serde(default)]
     pub reset_tokens_ms: Option<u64>,
 }
 
@@ -69,6 +75,7 @@ pub(crate) struct DeploymentBudgets<'a> {
     requests_configured: bool,
     tokens_configured: bool,
     pub slots: String,
+    pause: String,
     failures: String,
     ejections: String,
     limit: String,
@@ -88,6 +95,7 @@ impl<'a> DeploymentBudgets<'a> {
             requests_configured: d.requests.is_some(),
             tokens_configured: d.tokens.is_some(),
             slots: names::deployment_slots(model, &d.name),
+            pause: names::deployment_pause(model, &d.name),
             failures: names::deployment_failures(model, &d.name),
             ejections: names::deployment_ejections(model, &d.name),
             limit: names::deployment_limit(model, &d.name),
@@ -104,9 +112,13 @@ impl<'a> DeploymentBudgets<'a> {
     }
 
     /// Every row it may read or write: bucket names, then slot scopes.
-    pub fn rows(&self) -> ([String; 2], [String; 4]) {
+    pub fn rows(&self) -> ([String; 3], [String; 4]) {
         (
-            [self.requests.name.clone(), self.tokens.name.clone()],
+            [
+                self.requests.name.clone(),
+                self.tokens.name.clone(),
+                self.pause.clone(),
+            ],
             [
                 self.slots.clone(),
                 self.failures.clone(),
@@ -128,10 +140,7 @@ impl<'a> DeploymentBudgets<'a> {
     /// What the deployment is now, as `inspect` shows it.
     pub fn health(&self, tx: &mut dyn Tx, now_ms: i64) -> Result<Health, StoreError> {
         let failures = tx.slots_in_use(&self.failures)?;
-        let paused_until = tx
-            .bucket(&self.requests.name)?
-            .map(|s| s.updated_ms)
-            .filter(|&t| t > now_ms);
+        let paused_until = self.paused_until(tx, now_ms)?;
         let state = match (paused_until, failures >= EJECT_AFTER_FAILURES) {
             (Some(_), true) => HealthState::Ejected,
             (Some(_), false) => HealthState::Paused,
@@ -147,13 +156,37 @@ impl<'a> DeploymentBudgets<'a> {
         })
     }
 
+    /// When its pause or ejection ends, if it is paused at `now_ms`.
+    fn paused_until(&self, tx: &mut dyn Tx, now_ms: i64) -> Result<Option<i64>, StoreError> {
+        Ok(tx
+            .bucket(&self.pause)?
+            .map(|s| s.updated_ms)
+            .filter(|&t| t > now_ms))
+    }
+
     /// Whether this deployment can take a call of `tokens` now: the spends and slot count to
     /// write, with a score for the choice, or how long until it could.
     fn check(&self, tx: &mut dyn Tx, now_ms: i64, tokens: u64) -> Result<Check, StoreError> {
         let mut spends = Vec::new();
         let mut headroom = 1.0f64;
-        let mut wait: Option<u64> = Some(0);
         let mut short: Option<Shortfall> = None;
+        let paused = self.paused_until(tx, now_ms)?.map(|t| (t - now_ms) as u64);
+        if let Some(ms) = paused {
+            short = Some(Shortfall {
+                limit: self.pause.clone(),
+                requested: 1,
+                available: 0,
+                unit: Unit::Requests,
+                capacity: None,
+                output_tokens: None,
+            });
+            return Ok(Check::Short {
+                wait: Some(ms),
+                busy: false,
+                short,
+            });
+        }
+        let mut wait: Option<u64> = Some(0);
         let wanted: [(&BucketRef, u64, bool, Unit); 2] = [
             (&self.requests, 1, self.requests_configured, Unit::Requests),
             (&self.tokens, tokens, self.tokens_configured, Unit::Tokens),
@@ -202,13 +235,10 @@ impl<'a> DeploymentBudgets<'a> {
             }
         }
         let in_use = tx.slots_in_use(&self.slots)?;
+        // After an ejection's cool-down, one probe call decides: taking it pauses the
+        // deployment again for a cool-down's length, which its success ends.
         let probing = tx.slots_in_use(&self.failures)? >= EJECT_AFTER_FAILURES;
-        // After an ejection's cool-down, one probe call at a time decides.
-        let limit = match (probing, self.concurrency_limit(tx)?) {
-            (true, _) => Some(1),
-            (false, l) => l,
-        };
-        if let Some(limit) = limit {
+        if let Some(limit) = self.concurrency_limit(tx)? {
             if in_use >= limit {
                 short.get_or_insert(Shortfall {
                     limit: self.slots.clone(),
@@ -240,6 +270,7 @@ impl<'a> DeploymentBudgets<'a> {
             spends,
             slot: (self.slots.clone(), in_use),
             score: self.deployment.weight * headroom,
+            probe: probing.then(|| (self.pause.clone(), now_ms.saturating_add(EJECT_BASE_MS))),
         }))
     }
 
@@ -293,14 +324,15 @@ impl<'a> DeploymentBudgets<'a> {
         Ok(())
     }
 
-    /// Stops new calls until `until_ms` (a 429's retry-after, or an ejection).
+    /// Stops new calls until `until_ms` (a 429's retry-after, or an ejection); a pause
+    /// already longer stays.
     fn pause(&self, tx: &mut dyn Tx, now_ms: i64, until_ms: i64) -> Result<(), StoreError> {
-        let level = self.requests.level(tx, now_ms)?;
+        let until = self.paused_until(tx, now_ms)?.map_or(until_ms, |t| t.max(until_ms));
         tx.set_bucket(
-            &self.requests.name,
+            &self.pause,
             bucket::State {
-                balance_micro: level.balance_micro.min(0),
-                updated_ms: until_ms.max(level.updated_ms),
+                balance_micro: 0,
+                updated_ms: until,
             },
         )
     }
@@ -334,6 +366,8 @@ pub(crate) struct Chosen {
     spends: Vec<(String, bucket::State)>,
     slot: (String, u32),
     score: f64,
+    /// For a probe: the pause row, and until when the probe holds the deployment.
+    probe: Option<(String, i64)>,
 }
 
 impl Chosen {
@@ -341,6 +375,13 @@ impl Chosen {
     pub fn apply(self, tx: &mut dyn Tx) -> Result<(), StoreError> {
         for (name, state) in &self.spends {
             tx.set_bucket(name, *state)?;
+        }
+        if let Some((pause, until_ms)) = &self.probe {
+            let held = bucket::State {
+                balance_micro: 0,
+                updated_ms: *until_ms,
+            };
+            tx.set_bucket(pause, held)?;
         }
         tx.set_slots_in_use(&self.slot.0, self.slot.1 + 1)
     }
@@ -429,6 +470,7 @@ pub(crate) fn end_attempt(
         // Configured away since: nothing to learn.
         return Ok(());
     };
+    let can_eject = can_move(config.routing.get(model));
     let d = DeploymentBudgets::new(model, d);
     let in_use = tx.slots_in_use(&d.slots)?;
     if let Some(l) = end.limits {
@@ -445,6 +487,14 @@ pub(crate) fn end_attempt(
     };
     match (end.result, end.failure) {
         (CallResult::Succeeded, _) => {
+            // A probe's success ends the ejection at once.
+            if tx.slots_in_use(&d.failures)? >= EJECT_AFTER_FAILURES {
+                let over = bucket::State {
+                    balance_micro: 0,
+                    updated_ms: now_ms,
+                };
+                tx.set_bucket(&d.pause, over)?;
+            }
             for row in [&d.failures, &d.ejections] {
                 if tx.slots_in_use(row)? > 0 {
                     tx.set_slots_in_use(row, 0)?;
@@ -462,6 +512,13 @@ pub(crate) fn end_attempt(
             d.pause(tx, now_ms, now_ms.saturating_add(pause))?;
             if adaptive {
                 set_limit(tx, &backoff)?;
+            }
+        }
+        // Only a model with somewhere else to send its calls ejects a deployment: a lone one
+        // goes on taking them (its provider's retry-after still pauses it).
+        (CallResult::Failed, Some("unavailable" | "connect_failed")) if !can_eject => {
+            if let Some(ms) = end.provider_retry_after_ms {
+                d.pause(tx, now_ms, now_ms.saturating_add(ms.min(EJECT_MAX_MS as u64) as i64))?;
             }
         }
         (CallResult::Failed, Some("unavailable" | "connect_failed")) => {
