@@ -1,6 +1,6 @@
 //! The gateway with the official OpenAI Python SDK as the client (tests/gateway/), in front
-//! of an OpenAI-compatible stub upstream that answers, streams, refuses, stalls and drops
-//! connections as a real provider does. The SDK is installed into a virtual environment
+//! of OpenAI-compatible stub upstreams that answer, stream, refuse, stall and drop
+//! connections as a real provider does, and enforce their own limits with OpenAI's 429. The SDK is installed into a virtual environment
 //! under `target/` the first time (from PyPI, pinned in tests/gateway/requirements.txt).
 
 use std::path::{Path, PathBuf};
@@ -39,10 +39,10 @@ fn python() -> PathBuf {
     python
 }
 
-#[test]
-fn the_openai_sdk_through_the_gateway() {
+/// Runs one suite of tests/gateway/ and checks that all `tests` of it ran and passed.
+fn suite(file: &str, tests: usize) {
     let out = Command::new(python())
-        .arg(repo().join("tests/gateway/test_gateway.py"))
+        .arg(repo().join("tests/gateway").join(file))
         .env("TOLLGATE_BIN", env!("CARGO_BIN_EXE_tollgate"))
         .env(
             "TOLLGATE_SHED_MODEL_POLICY",
@@ -54,5 +54,15 @@ fn the_openai_sdk_through_the_gateway() {
     println!("{report}");
     assert!(out.status.success(), "{report}");
     // Every check ran (a suite that found nothing to run would also exit 0).
-    assert!(report.contains("Ran 15 tests"), "{report}");
+    assert!(report.contains(&format!("Ran {tests} tests")), "{report}");
+}
+
+#[test]
+fn the_openai_sdk_through_the_gateway() {
+    suite("test_gateway.py", 15);
+}
+
+#[test]
+fn deployments_reserved_ejected_learned_and_fallen_back_on() {
+    suite("test_deployments.py", 5);
 }

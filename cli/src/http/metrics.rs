@@ -20,6 +20,10 @@ pub struct Metrics {
     pub buckets: GaugeVec,
     pub slots: GaugeVec,
     pub queues: GaugeVec,
+    /// Each deployment's state: 0 healthy, 1 paused, 2 ejected, 3 probing.
+    pub deployment_state: GaugeVec,
+    /// Each deployment's concurrency limit now (configured or learned), where it has one.
+    pub deployment_limit: GaugeVec,
     pub policy_calls: Histogram,
     /// Jobs per writer transaction.
     pub batch_jobs: Histogram,
@@ -87,6 +91,16 @@ impl Metrics {
             "tollgate_queue_depth",
             "Queued jobs per tenant",
             &["tenant"],
+        );
+        let deployment_state = gauges(
+            "tollgate_deployment_state",
+            "Each deployment's state: 0 healthy, 1 paused, 2 ejected, 3 probing",
+            &["model", "deployment"],
+        );
+        let deployment_limit = gauges(
+            "tollgate_deployment_concurrency_limit",
+            "Each deployment's concurrency limit (configured or learned)",
+            &["model", "deployment"],
         );
         let policy_calls = histogram(
             "tollgate_policy_call_seconds",
@@ -185,6 +199,8 @@ impl Metrics {
             Box::new(buckets.clone()),
             Box::new(slots.clone()),
             Box::new(queues.clone()),
+            Box::new(deployment_state.clone()),
+            Box::new(deployment_limit.clone()),
             Box::new(policy_calls.clone()),
             Box::new(batch_jobs.clone()),
             Box::new(batch_seconds.clone()),
@@ -201,6 +217,8 @@ impl Metrics {
             buckets,
             slots,
             queues,
+            deployment_state,
+            deployment_limit,
             policy_calls,
             batch_jobs,
             batch_seconds,

@@ -326,6 +326,19 @@ pub(super) async fn refresh_levels(s: &AppState) -> Result<(), Refusal> {
                 .with_label_values(&[tenant.as_str()])
                 .set(f64::from(*n));
         }
+        for d in i.deployments.values() {
+            let labels = [d.model.as_str(), d.deployment.as_str()];
+            s.metrics
+                .deployment_state
+                .with_label_values(&labels)
+                .set(d.state.number() as f64);
+            if let Some(limit) = d.concurrency_limit {
+                s.metrics
+                    .deployment_limit
+                    .with_label_values(&labels)
+                    .set(f64::from(limit));
+            }
+        }
     }
     s.metrics
         .log_lines_dropped

@@ -39,6 +39,8 @@ pub const ADAPTIVE_MIN: u32 = 1;
 pub const ADAPTIVE_MAX: u32 = 1_000;
 /// What a 429 or a timeout multiplies an adaptive limit by (Netflix's AIMD backoff ratio).
 pub const ADAPTIVE_BACKOFF: f64 = 0.9;
+/// The learned limit is kept in thousandths, so that a success adds a fraction of a call.
+const MILLI: u32 = 1000;
 
 /// A bucket that no configuration limits: a provider's report may still lower it for a
 /// while (it then refills at once when the provider said it resets).
@@ -133,7 +135,7 @@ impl<'a> DeploymentBudgets<'a> {
         Ok(match self.deployment.max_concurrency {
             None => None,
             Some(Concurrency::Fixed(n)) => Some(n),
-            Some(Concurrency::Adaptive) => Some(learned(tx.slots_in_use(&self.limit)?)),
+            Some(Concurrency::Adaptive) => Some(learned(tx.slots_in_use(&self.limit)?) / MILLI),
         })
     }
 
@@ -148,6 +150,8 @@ impl<'a> DeploymentBudgets<'a> {
             (None, false) => HealthState::Healthy,
         };
         Ok(Health {
+            model: self.model.to_string(),
+            deployment: self.deployment.name.clone(),
             state,
             until_ms: paused_until,
             failures,
@@ -274,19 +278,19 @@ impl<'a> DeploymentBudgets<'a> {
         }))
     }
 
-    /// Lowers the balances to what the provider says is left, less what others have in
-    /// flight here that it has not seen yet; never raises them.
+    /// Lowers the balances to what the provider says is left; never raises them. Calls
+    /// sent but not yet seen by the provider when it answered may go past what it said by
+    /// at most the calls in flight: the provider refuses those, and they move on.
     fn learn(
         &self,
         tx: &mut dyn Tx,
         now_ms: i64,
         limits: &ProviderLimits,
-        others_in_flight: u64,
     ) -> Result<(), StoreError> {
         let pairs = [
             (
                 &self.requests,
-                limits.remaining_requests.map(|r| r.saturating_sub(others_in_flight)),
+                limits.remaining_requests,
                 limits.reset_requests_ms,
                 self.requests_configured,
             ),
@@ -338,12 +342,12 @@ impl<'a> DeploymentBudgets<'a> {
     }
 }
 
-/// The learned limit from its row (0: never learned, the initial limit).
+/// The learned limit in thousandths, from its row (0: never learned, the initial limit).
 fn learned(stored: u32) -> u32 {
     if stored == 0 {
-        ADAPTIVE_INITIAL
+        ADAPTIVE_INITIAL * MILLI
     } else {
-        stored.clamp(ADAPTIVE_MIN, ADAPTIVE_MAX)
+        stored.clamp(ADAPTIVE_MIN * MILLI, ADAPTIVE_MAX * MILLI)
     }
 }
 
@@ -474,12 +478,12 @@ pub(crate) fn end_attempt(
     let d = DeploymentBudgets::new(model, d);
     let in_use = tx.slots_in_use(&d.slots)?;
     if let Some(l) = end.limits {
-        d.learn(tx, now_ms, l, u64::from(in_use.saturating_sub(1)))?;
+        d.learn(tx, now_ms, l)?;
     }
     let adaptive = d.deployment.max_concurrency == Some(Concurrency::Adaptive);
     let set_limit = |tx: &mut dyn Tx, f: &dyn Fn(u32) -> u32| -> Result<(), StoreError> {
         let now = learned(tx.slots_in_use(&d.limit)?);
-        let next = f(now).clamp(ADAPTIVE_MIN, ADAPTIVE_MAX);
+        let next = f(now).clamp(ADAPTIVE_MIN * MILLI, ADAPTIVE_MAX * MILLI);
         if next != now || tx.slots_in_use(&d.limit)? == 0 {
             tx.set_slots_in_use(&d.limit, next)?;
         }
@@ -500,9 +504,18 @@ pub(crate) fn end_attempt(
                     tx.set_slots_in_use(row, 0)?;
                 }
             }
-            // Netflix's AIMD: one more when at least half the limit was in use.
+            // Additive increase while the limit was reached (the call ends with the
+            // deployment full): one call more per limit's worth of such successes (a round
+            // trip's, as TCP does). A limit that was not reached learns nothing.
             if adaptive {
-                set_limit(tx, &|l| if in_use.saturating_mul(2) >= l { l + 1 } else { l })?;
+                set_limit(tx, &|l| {
+                    let whole = (l / MILLI).max(1);
+                    if in_use >= whole {
+                        l + MILLI * MILLI / l.max(1)
+                    } else {
+                        l
+                    }
+                })?;
             }
         }
         (CallResult::Failed, Some("rate_limited")) => {
@@ -542,8 +555,9 @@ pub(crate) fn end_attempt(
     Ok(())
 }
 
+/// Multiplicative decrease, in thousandths.
 fn backoff(l: u32) -> u32 {
-    ((f64::from(l) * ADAPTIVE_BACKOFF).floor() as u32).max(ADAPTIVE_MIN)
+    ((f64::from(l) * ADAPTIVE_BACKOFF).floor() as u32).max(ADAPTIVE_MIN * MILLI)
 }
 
 /// Whether a model's call can move elsewhere after a failure (another deployment, or a
@@ -581,6 +595,10 @@ impl HealthState {
 /// A deployment's health and load.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct Health {
+    /// The gateway model.
+    pub model: String,
+    /// The deployment's name.
+    pub deployment: String,
     /// Healthy, paused, ejected or probing.
     pub state: HealthState,
     /// When a pause or an ejection ends.
