@@ -87,7 +87,7 @@ class Deployments(unittest.TestCase):
                     "pair": {"default_max_output_tokens": 16,
                              "deployments": [deployment("flaky", "flaky"), deployment("steady", "steady")]},
                     "tok": {"default_max_output_tokens": 100,
-                            "deployments": [deployment("thin", "thin", weight=10), deployment("wide", "wide")]},
+                            "deployments": [deployment("thin", "thin"), deployment("wide", "wide", weight=0)]},
                     "solo": {"default_max_output_tokens": 16, "fallbacks": ["spare"],
                              "deployments": [deployment("only", "only", requests={"capacity": 2, "refill_per_s": 0})]},
                     "lonely": {"default_max_output_tokens": 16,
@@ -206,7 +206,8 @@ class Deployments(unittest.TestCase):
         served = [self.call("tok").headers["x-tollgate-deployment"] for _ in range(10)]
         thin = stats(self.stubs["thin"])
         self.assertEqual(thin["refused"], 0, thin)
-        # Its weight sends the first call there; what it reports then keeps the rest away.
+        # The other has weight 0: the first call goes to thin; what thin reports then keeps
+        # the rest away, before it ever has to refuse.
         self.assertGreaterEqual(thin["served"], 1)
         self.assertLessEqual(thin["served"], 2)
         self.assertEqual(served.count("wide"), 10 - thin["served"])

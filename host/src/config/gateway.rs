@@ -443,4 +443,73 @@ mod tests {
         c["surprise"] = json!(true);
         assert!(GatewayConfig::from_json(c).is_err());
     }
+
+    fn with_models(models: serde_json::Value) -> Result<GatewayConfig, String> {
+        let mut c = config();
+        c["upstreams"]["other"] = json!({"base_url": "http://127.0.0.1:9001/v1"});
+        c["models"] = models;
+        GatewayConfig::from_json(c)
+    }
+
+    #[test]
+    fn the_one_upstream_form_is_one_deployment_named_after_its_upstream() {
+        let g = GatewayConfig::from_json(config()).unwrap();
+        let routing = g.routing();
+        let d = &routing["gpt-4o-mini"].deployments;
+        assert_eq!(d.len(), 1);
+        assert_eq!((d[0].name.as_str(), d[0].upstream.as_str()), ("local", "local"));
+        assert_eq!(d[0].weight, 1.0);
+        assert!(routing["gpt-4o-mini"].fallbacks.is_empty());
+    }
+
+    #[test]
+    fn deployments_with_their_limits_and_fallbacks_are_accepted() {
+        let g = with_models(json!({
+            "a": {"deployments": [
+                {"name": "east", "upstream": "local", "requests": {"capacity": 60, "refill_per_s": 1},
+                 "tokens": {"capacity": 1000, "refill_per_s": 10}, "max_concurrency": 4, "weight": 2},
+                {"name": "west", "upstream": "other", "upstream_model": "a-2024", "max_concurrency": "adaptive", "weight": 0}],
+                  "fallbacks": ["b"]},
+            "b": {"upstream": "other"}
+        }))
+        .unwrap();
+        let r = g.routing();
+        assert_eq!(r["a"].deployments[0].max_concurrency, Some(Concurrency::Fixed(4)));
+        assert_eq!(r["a"].deployments[1].max_concurrency, Some(Concurrency::Adaptive));
+        assert_eq!(r["a"].fallbacks, vec!["b".to_string()]);
+    }
+
+    #[test]
+    fn bad_deployments_and_fallbacks_are_refused_with_the_field_named() {
+        let d = |name: &str, upstream: &str| json!({"name": name, "upstream": upstream});
+        let cases = [
+            (json!({"a": {"deployments": [d("x", "local"), d("x", "other")]}}),
+             "gateway.models.a.deployments[1].name: deployment \"x\" is listed twice"),
+            (json!({"a": {"deployments": [d("x", "nowhere")]}}),
+             "gateway.models.a.deployments[0].upstream: no upstream named \"nowhere\""),
+            (json!({"a": {"deployments": [{"name": "x", "upstream": "local", "weight": -1}]}}),
+             "gateway.models.a.deployments[0].weight"),
+            (json!({"a": {"deployments": [{"name": "x", "upstream": "local", "max_concurrency": 0}]}}),
+             "max_concurrency"),
+            (json!({"a": {"deployments": [{"name": "x", "upstream": "local", "max_concurrency": "lots"}]}}),
+             "max_concurrency"),
+            (json!({"a": {"deployments": [{"name": "x", "upstream": "local", "requests": {"capacity": -1, "refill_per_s": 0}}]}}),
+             "gateway.models.a.deployments[0].requests"),
+            (json!({"a": {"deployments": [d("bad name", "local")]}}), "deployments[0].name"),
+            (json!({"a": {"deployments": []}}), "gateway.models.a.deployments must list"),
+            (json!({"a": {"upstream": "local", "deployments": [d("x", "local")]}}), "not both"),
+            (json!({"a": {}}), "gateway.models.a: missing field `upstream`"),
+            (json!({"a": {"upstream": "local", "fallbacks": ["ghost"]}}),
+             "gateway.models.a.fallbacks: \"ghost\" is not another gateway model"),
+            (json!({"a": {"upstream": "local", "fallbacks": ["a"]}}), "gateway.models.a.fallbacks"),
+            (json!({"a": {"upstream": "local", "fallbacks": ["b"]},
+                    "b": {"upstream": "other", "fallbacks": ["c"]},
+                    "c": {"upstream": "other", "fallbacks": ["a"]}}),
+             "a cycle (a -> b -> c -> a)"),
+        ];
+        for (models, wanted) in cases {
+            let e = with_models(models.clone()).unwrap_err();
+            assert!(e.contains(wanted), "{models}: {e}");
+        }
+    }
 }

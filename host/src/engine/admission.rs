@@ -567,11 +567,17 @@ impl<S: Store> Engine<S> {
         };
         if let Some((model, routing)) = routed {
             let busy = plan.busy_retry_after_ms;
-            match deployments::choose(tx, &config, model, now_ms, reserved, avoid, busy)? {
+            let ask = deployments::Ask {
+                tokens: reserved,
+                avoid,
+                busy_retry_after_ms: busy,
+                draw: deployments::draw(config.seed, &req.tenant, &req.key, guest_req.attempt),
+            };
+            match deployments::choose(tx, &config, model, now_ms, &ask)? {
                 Ok(chosen) => planned.deployment = Some(chosen),
                 Err(refusal) => {
                     let fallbacks = if req.fallback { &routing.fallbacks[..] } else { &[] };
-                    let found = self.fallback(tx, req, tenant, fallbacks, &planned, busy, now_ms)?;
+                    let found = self.fallback(tx, req, tenant, fallbacks, &planned, &ask, now_ms)?;
                     let Some((reservation, chosen, cost)) = found else {
                         return Ok(Err(with_policy(Decision::refused(refusal))));
                     };
@@ -596,9 +602,10 @@ impl<S: Store> Engine<S> {
         tenant: &crate::config::TenantConfig,
         fallbacks: &[String],
         planned: &Planned,
-        busy: Option<u64>,
+        ask: &deployments::Ask<'_>,
         now_ms: i64,
     ) -> Result<Option<FallbackChoice>, StoreError> {
+        let ask = deployments::Ask { avoid: None, ..*ask };
         let config = self.config();
         for f in fallbacks {
             let budgets = Budgets::for_request(&config, &req.tenant, tenant, Some(f));
@@ -614,14 +621,12 @@ impl<S: Store> Engine<S> {
                 tokens: planned.reserved,
                 cost_microusd: cost,
                 slots: true,
-                busy_retry_after_ms: busy,
+                busy_retry_after_ms: ask.busy_retry_after_ms,
             };
             let Ok(reservation) = budgets.check(tx, now_ms, &needs)? else {
                 continue;
             };
-            if let Ok(chosen) =
-                deployments::choose(tx, &config, f, now_ms, planned.reserved, None, busy)?
-            {
+            if let Ok(chosen) = deployments::choose(tx, &config, f, now_ms, &ask)? {
                 return Ok(Some((reservation, chosen, cost)));
             }
         }

@@ -391,39 +391,42 @@ impl Chosen {
     }
 }
 
-/// Chooses the deployment of `model` to reserve for a call of `tokens`, reading `tx` but
-/// writing nothing. Among those that can take the call, the highest weight × headroom
-/// (the smallest fraction left of its request bucket, token bucket and concurrency after
-/// this call; 1 where unlimited) wins, the first listed on a tie; `avoid` (the deployment
-/// whose attempt just failed) and deployments of weight 0 only when no other can. None can:
-/// a `deployment_capacity` refusal whose retry-after is the earliest any could (for one
-/// short of concurrency, `busy_retry_after_ms`, the policy's estimate).
+/// What a choice among deployments asks for.
+pub(crate) struct Ask<'a> {
+    /// Tokens the call reserves.
+    pub tokens: u64,
+    /// The deployment whose attempt just failed: chosen only when no other can.
+    pub avoid: Option<&'a str>,
+    /// The retry-after of a refusal for want of concurrency (the policy's estimate).
+    pub busy_retry_after_ms: Option<u64>,
+    /// A uniform draw in [0, 2^64), the same for the same call (the engine's seed, the
+    /// tenant, the key and the attempt), so a replay or a simulation chooses alike.
+    pub draw: u64,
+}
+
+/// Chooses the deployment of `model` to reserve for a call, reading `tx` but writing
+/// nothing. Among those that can take the call, one is drawn with a probability
+/// proportional to weight × headroom (the smallest fraction its request bucket, token
+/// bucket and concurrency keep after this call; 1 where unlimited); `ask.avoid` and
+/// deployments of weight 0 only when no other can. None can: a `deployment_capacity`
+/// refusal whose retry-after is the earliest any could.
 pub(crate) fn choose(
     tx: &mut dyn Tx,
     config: &Config,
     model: &str,
     now_ms: i64,
-    tokens: u64,
-    avoid: Option<&str>,
-    busy_retry_after_ms: Option<u64>,
+    ask: &Ask<'_>,
 ) -> Result<Result<Chosen, Refusal>, StoreError> {
-    let mut best: Option<(bool, bool, Chosen)> = None;
+    // Those that fit, by class: preferred (not avoided) and weighted first.
+    let mut fits: Vec<((bool, bool), Chosen)> = Vec::new();
     let mut earliest: Option<u64> = None;
     let mut first_short = None;
+    let busy_retry_after_ms = ask.busy_retry_after_ms;
     for d in DeploymentBudgets::of(config, model) {
-        match d.check(tx, now_ms, tokens)? {
+        match d.check(tx, now_ms, ask.tokens)? {
             Check::Fits(c) => {
-                let preferred = avoid != Some(c.name.as_str());
-                let weighted = d.deployment.weight > 0.0;
-                let better = match &best {
-                    None => true,
-                    Some((p, w, b)) => {
-                        (preferred, weighted, c.score) > (*p, *w, b.score)
-                    }
-                };
-                if better {
-                    best = Some((preferred, weighted, c));
-                }
+                let class = (ask.avoid != Some(c.name.as_str()), d.deployment.weight > 0.0);
+                fits.push((class, c));
             }
             Check::Short { wait, busy, short } => {
                 let w = if busy { busy_retry_after_ms } else { wait };
@@ -436,14 +439,44 @@ pub(crate) fn choose(
             }
         }
     }
-    Ok(match best {
-        Some((_, _, c)) => Ok(c),
-        None => Err(Refusal {
+    let Some(best) = fits.iter().map(|(class, _)| *class).max() else {
+        return Ok(Err(Refusal {
             reason: Reason::DeploymentCapacity,
             retry_after_ms: earliest,
             shortfall: first_short,
-        }),
-    })
+        }));
+    };
+    let mut pool: Vec<Chosen> = fits
+        .into_iter()
+        .filter(|(class, _)| *class == best)
+        .map(|(_, c)| c)
+        .collect();
+    // A weight of 0 draws by headroom alone; a deployment that fits always has a chance.
+    let score = |c: &Chosen| c.score.max(1e-9);
+    let total: f64 = pool.iter().map(score).sum();
+    let mut point = (ask.draw >> 11) as f64 / (1u64 << 53) as f64 * total;
+    let mut pick = pool.len() - 1;
+    for (i, c) in pool.iter().enumerate() {
+        if point < score(c) {
+            pick = i;
+            break;
+        }
+        point -= score(c);
+    }
+    Ok(Ok(pool.swap_remove(pick)))
+}
+
+/// The draw of one call's attempt: FNV-1a of the engine's seed, the tenant, the key and
+/// the attempt, mixed (SplitMix64's finaliser).
+pub(crate) fn draw(seed: u64, tenant: &str, key: &str, attempt: u32) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ seed;
+    for b in tenant.bytes().chain([0]).chain(key.bytes()).chain(attempt.to_le_bytes()) {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h = (h ^ (h >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    h = (h ^ (h >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    h ^ (h >> 31)
 }
 
 /// How one attempt sent to a deployment ended, as the engine learns from it.
