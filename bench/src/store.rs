@@ -72,6 +72,9 @@ fn fill(store: &mut SqliteStore, tenants: u32, jobs: u64) -> Result<(), StoreErr
                 reserved_cost_microusd: 0,
                 state_since_ms: Some(0),
                 usage: None,
+                deployment: None,
+                holds_deployment_slot: false,
+                asked_model: None,
             };
             tx.put_operation(&op)?;
             tx.enqueue(&QueuedJob {
@@ -231,6 +234,7 @@ pub fn admissions_with_shadow(
         model: None,
         priority: Default::default(),
         labels: Default::default(),
+        fallback: true,
     };
     let completion = |i: u64| {
         Completion::succeeded(

@@ -28,7 +28,10 @@ fn engine(models: Value) -> Engine<SqliteStore> {
     .unwrap();
     let runtime = Runtime::new().unwrap();
     let policy = runtime
-        .load(builtin::get("standard").unwrap(), file.engine.policy_limits())
+        .load(
+            builtin::get("standard").unwrap(),
+            file.engine.policy_limits(),
+        )
         .unwrap();
     Engine::new(
         file.engine,
@@ -84,7 +87,10 @@ fn calls_spread_by_headroom_and_none_past_either_deployment() {
     assert_eq!(refused.http, 429);
     // The earliest refill: a's one request a second.
     assert_eq!(refused.retry_after_ms, Some(1_000));
-    assert!(refused.message.unwrap().contains("deployment.m."), "message");
+    assert!(
+        refused.message.unwrap().contains("deployment.m."),
+        "message"
+    );
     let i = e.inspect(1_000).unwrap();
     assert_eq!(i.buckets["deployment.m.a.requests"], 0);
     assert_eq!(i.slots["deployment.m.a.slots"], 60);
@@ -120,9 +126,16 @@ fn calls_are_drawn_in_proportion_to_weight_where_nothing_limits() {
 
 #[test]
 fn weights_lean_and_a_weight_of_zero_is_the_last_resort() {
-    let e = engine(pair(json!({"weight": 3}), json!({"weight": 0, "max_concurrency": 5})));
+    let e = engine(pair(
+        json!({"weight": 3}),
+        json!({"weight": 0, "max_concurrency": 5}),
+    ));
     let ds: Vec<String> = (0..4)
-        .map(|i| admit(&e, &call(&format!("k{i}"), "m"), 1_000).deployment.unwrap())
+        .map(|i| {
+            admit(&e, &call(&format!("k{i}"), "m"), 1_000)
+                .deployment
+                .unwrap()
+        })
         .collect();
     assert_eq!(ds, ["a", "a", "a", "a"]);
     let e = engine(pair(
@@ -144,20 +157,29 @@ fn unused_tokens_return_to_the_deployment_that_reserved_them() {
     ));
     let d = admit(&e, &call("k", "m"), 1_000);
     assert_eq!(d.deployment.as_deref(), Some("a"));
-    assert_eq!(e.inspect(1_000).unwrap().buckets["deployment.m.a.tokens"], 900);
+    assert_eq!(
+        e.inspect(1_000).unwrap().buckets["deployment.m.a.tokens"],
+        900
+    );
     end(&e, "k", CallResult::Succeeded, |c| {
         c.usage = Some(Usage {
             input_tokens: 50,
             output_tokens: 10,
         })
     });
-    assert_eq!(e.inspect(1_000).unwrap().buckets["deployment.m.a.tokens"], 940);
+    assert_eq!(
+        e.inspect(1_000).unwrap().buckets["deployment.m.a.tokens"],
+        940
+    );
 }
 
 #[test]
 fn a_429_pauses_its_deployment_and_the_retry_moves_without_waiting() {
     let e = engine(pair(json!({}), json!({"weight": 0})));
-    assert_eq!(admit(&e, &call("k", "m"), 1_000).deployment.as_deref(), Some("a"));
+    assert_eq!(
+        admit(&e, &call("k", "m"), 1_000).deployment.as_deref(),
+        Some("a")
+    );
     let mut verdict = None;
     let mut c = Completion {
         result: CallResult::Failed,
@@ -180,13 +202,19 @@ fn a_429_pauses_its_deployment_and_the_retry_moves_without_waiting() {
     assert_eq!(health.state, HealthState::Paused);
     assert_eq!(health.until_ms, Some(31_000));
     // After the pause, a takes calls again.
-    assert_eq!(admit(&e, &call("k2", "m"), 31_000).deployment.as_deref(), Some("a"));
+    assert_eq!(
+        admit(&e, &call("k2", "m"), 31_000).deployment.as_deref(),
+        Some("a")
+    );
 }
 
 #[test]
 fn a_lone_deployment_paused_by_a_429_refuses_until_its_retry_after() {
     let e = engine(json!({"m": {"upstream": "one"}}));
-    assert_eq!(admit(&e, &call("k", "m"), 1_000).deployment.as_deref(), Some("one"));
+    assert_eq!(
+        admit(&e, &call("k", "m"), 1_000).deployment.as_deref(),
+        Some("one")
+    );
     end(&e, "k", CallResult::Failed, |c| {
         c.failure = Some("rate_limited".into());
         c.provider_retry_after_ms = Some(5_000);
@@ -216,15 +244,24 @@ fn failures_eject_a_deployment_then_one_probe_decides() {
     let health = e.inspect(now).unwrap().deployments["deployment.m.a"].clone();
     assert_eq!(health.state, HealthState::Ejected);
     assert_eq!(health.failures, 3);
-    assert_eq!(admit(&e, &call("x", "m"), now).deployment.as_deref(), Some("b"));
+    assert_eq!(
+        admit(&e, &call("x", "m"), now).deployment.as_deref(),
+        Some("b")
+    );
     // The cool-down over: one probe goes to a, the next call does not wait on it.
     let after = health.until_ms.unwrap();
     assert_eq!(
         e.inspect(after).unwrap().deployments["deployment.m.a"].state,
         HealthState::Probing
     );
-    assert_eq!(admit(&e, &call("probe", "m"), after).deployment.as_deref(), Some("a"));
-    assert_eq!(admit(&e, &call("y", "m"), after).deployment.as_deref(), Some("b"));
+    assert_eq!(
+        admit(&e, &call("probe", "m"), after).deployment.as_deref(),
+        Some("a")
+    );
+    assert_eq!(
+        admit(&e, &call("y", "m"), after).deployment.as_deref(),
+        Some("b")
+    );
     // The probe fails: ejected again, for twice as long.
     let c = Completion {
         result: CallResult::Failed,
@@ -237,7 +274,10 @@ fn failures_eject_a_deployment_then_one_probe_decides() {
     assert_eq!(again.until_ms.unwrap() - after, 2 * (after - (now - 10)));
     // A probe that succeeds makes it healthy at once.
     let later = again.until_ms.unwrap();
-    assert_eq!(admit(&e, &call("probe2", "m"), later).deployment.as_deref(), Some("a"));
+    assert_eq!(
+        admit(&e, &call("probe2", "m"), later).deployment.as_deref(),
+        Some("a")
+    );
     let c = Completion::succeeded("acme", "probe2");
     e.complete(&c, later).unwrap();
     let healthy = &e.inspect(later).unwrap().deployments["deployment.m.a"];
@@ -250,7 +290,10 @@ fn what_the_provider_reports_lowers_a_balance_and_never_raises_it() {
         json!({"tokens": {"capacity": 10000, "refill_per_s": 0}}),
         json!({"weight": 0}),
     ));
-    assert_eq!(admit(&e, &call("k", "m"), 1_000).deployment.as_deref(), Some("a"));
+    assert_eq!(
+        admit(&e, &call("k", "m"), 1_000).deployment.as_deref(),
+        Some("a")
+    );
     end(&e, "k", CallResult::Succeeded, |c| {
         c.provider_limits = Some(ProviderLimits {
             remaining_tokens: Some(60),
@@ -261,13 +304,19 @@ fn what_the_provider_reports_lowers_a_balance_and_never_raises_it() {
     let i = e.inspect(1_000).unwrap();
     assert_eq!(i.buckets["deployment.m.a.tokens"], 60);
     // 100 tokens do not fit in a's 60: the call goes to b, before any 429.
-    assert_eq!(admit(&e, &call("k2", "m"), 1_000).deployment.as_deref(), Some("b"));
+    assert_eq!(
+        admit(&e, &call("k2", "m"), 1_000).deployment.as_deref(),
+        Some("b")
+    );
 }
 
 #[test]
 fn an_unlimited_deployment_holds_what_the_provider_said_until_its_reset() {
     let e = engine(pair(json!({}), json!({"weight": 0})));
-    assert_eq!(admit(&e, &call("k", "m"), 1_000).deployment.as_deref(), Some("a"));
+    assert_eq!(
+        admit(&e, &call("k", "m"), 1_000).deployment.as_deref(),
+        Some("a")
+    );
     end(&e, "k", CallResult::Succeeded, |c| {
         c.provider_limits = Some(ProviderLimits {
             remaining_requests: Some(0),
@@ -275,8 +324,14 @@ fn an_unlimited_deployment_holds_what_the_provider_said_until_its_reset() {
             ..ProviderLimits::default()
         })
     });
-    assert_eq!(admit(&e, &call("k2", "m"), 2_000).deployment.as_deref(), Some("b"));
-    assert_eq!(admit(&e, &call("k3", "m"), 3_001).deployment.as_deref(), Some("a"));
+    assert_eq!(
+        admit(&e, &call("k2", "m"), 2_000).deployment.as_deref(),
+        Some("b")
+    );
+    assert_eq!(
+        admit(&e, &call("k3", "m"), 3_001).deployment.as_deref(),
+        Some("a")
+    );
 }
 
 #[test]
@@ -288,7 +343,10 @@ fn a_fallback_model_serves_when_no_deployment_can_unless_forbidden() {
         "spare": {"upstream": "two"},
     }));
     let first = admit(&e, &call("k1", "m"), 1_000);
-    assert_eq!((first.deployment.as_deref(), first.served_model), (Some("a"), None));
+    assert_eq!(
+        (first.deployment.as_deref(), first.served_model),
+        (Some("a"), None)
+    );
     let mut forbidden = call("k2", "m");
     forbidden["fallback"] = json!(false);
     let refused = admit(&e, &forbidden, 1_000);
@@ -298,9 +356,15 @@ fn a_fallback_model_serves_when_no_deployment_can_unless_forbidden() {
     let served = admit(&e, &call("k3", "m"), 1_000);
     assert_eq!(served.served_model.as_deref(), Some("spare"));
     assert_eq!(served.deployment.as_deref(), Some("two"));
-    assert_eq!(e.inspect(1_000).unwrap().slots["deployment.spare.two.slots"], 1);
+    assert_eq!(
+        e.inspect(1_000).unwrap().slots["deployment.spare.two.slots"],
+        1
+    );
     end(&e, "k3", CallResult::Succeeded, |_| {});
-    assert_eq!(e.inspect(1_000).unwrap().slots["deployment.spare.two.slots"], 0);
+    assert_eq!(
+        e.inspect(1_000).unwrap().slots["deployment.spare.two.slots"],
+        0
+    );
     // A repeat of the key tells which model served it.
     let again = admit(&e, &call("k3", "m"), 1_000);
     assert_eq!(again.served_model.as_deref(), Some("spare"));

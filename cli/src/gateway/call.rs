@@ -47,7 +47,15 @@ pub async fn run(s: Shared, call: ChatCall) -> Response {
         let Some(target) = target(g, &call, &decision) else {
             // Only a configuration changed under the running server could get here.
             tracing::error!(tenant = %call.tenant, model = %call.model, deployment = ?decision.deployment, "no such deployment");
-            return lost(&s, &call, attempt, "no such deployment", levels.as_ref(), None).await;
+            return lost(
+                &s,
+                &call,
+                attempt,
+                "no such deployment",
+                levels.as_ref(),
+                None,
+            )
+            .await;
         };
         let sent = Routed {
             deployment: decision.deployment.clone().unwrap_or_default(),
@@ -202,7 +210,11 @@ impl Routed {
             headers.insert("x-tollgate-deployment", v);
         }
         headers.insert("x-tollgate-attempts", HeaderValue::from(self.attempts));
-        if let Some(v) = self.model.as_deref().and_then(|m| HeaderValue::from_str(m).ok()) {
+        if let Some(v) = self
+            .model
+            .as_deref()
+            .and_then(|m| HeaderValue::from_str(m).ok())
+        {
             headers.insert("x-tollgate-model", v);
         }
     }

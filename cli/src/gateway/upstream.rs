@@ -188,9 +188,19 @@ mod tests {
         assert_eq!(l.reset_requests_ms, Some(1000));
         assert_eq!(l.reset_tokens_ms, Some(360_000));
         let mut a = HeaderMap::new();
-        a.insert("anthropic-ratelimit-requests-remaining", "7".parse().unwrap());
+        a.insert(
+            "anthropic-ratelimit-requests-remaining",
+            "7".parse().unwrap(),
+        );
         assert_eq!(provider_limits(&a).unwrap().remaining_requests, Some(7));
-        for (text, ms) in [("17ms", Some(17)), ("1.5s", Some(1500)), ("1h2m3s", Some(3_723_000)), ("", None), ("5x", None), ("m", None)] {
+        for (text, ms) in [
+            ("17ms", Some(17)),
+            ("1.5s", Some(1500)),
+            ("1h2m3s", Some(3_723_000)),
+            ("", None),
+            ("5x", None),
+            ("m", None),
+        ] {
             assert_eq!(duration_ms(text), ms, "{text}");
         }
     }

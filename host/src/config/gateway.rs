@@ -305,7 +305,10 @@ fn check_deployments(g: &GatewayConfig, name: &str, m: &GatewayModel) -> Result<
             ));
         }
         if !seen.insert(d.name.as_str()) {
-            return Err(format!("{at}.name: deployment {:?} is listed twice", d.name));
+            return Err(format!(
+                "{at}.name: deployment {:?} is listed twice",
+                d.name
+            ));
         }
         if !g.upstreams.contains_key(&d.upstream) {
             return Err(format!("{at}.upstream: no upstream named {:?}", d.upstream));
@@ -318,8 +321,7 @@ fn check_deployments(g: &GatewayConfig, name: &str, m: &GatewayModel) -> Result<
         }
         for (field, b) in [("requests", &d.requests), ("tokens", &d.tokens)] {
             if let Some(b) = b {
-                b.check(&format!("{at}.{field}"))
-                    .map_err(|e| e.0)?;
+                b.check(&format!("{at}.{field}")).map_err(|e| e.0)?;
             }
         }
     }
@@ -457,7 +459,10 @@ mod tests {
         let routing = g.routing();
         let d = &routing["gpt-4o-mini"].deployments;
         assert_eq!(d.len(), 1);
-        assert_eq!((d[0].name.as_str(), d[0].upstream.as_str()), ("local", "local"));
+        assert_eq!(
+            (d[0].name.as_str(), d[0].upstream.as_str()),
+            ("local", "local")
+        );
         assert_eq!(d[0].weight, 1.0);
         assert!(routing["gpt-4o-mini"].fallbacks.is_empty());
     }
@@ -474,8 +479,14 @@ mod tests {
         }))
         .unwrap();
         let r = g.routing();
-        assert_eq!(r["a"].deployments[0].max_concurrency, Some(Concurrency::Fixed(4)));
-        assert_eq!(r["a"].deployments[1].max_concurrency, Some(Concurrency::Adaptive));
+        assert_eq!(
+            r["a"].deployments[0].max_concurrency,
+            Some(Concurrency::Fixed(4))
+        );
+        assert_eq!(
+            r["a"].deployments[1].max_concurrency,
+            Some(Concurrency::Adaptive)
+        );
         assert_eq!(r["a"].fallbacks, vec!["b".to_string()]);
     }
 
@@ -483,29 +494,60 @@ mod tests {
     fn bad_deployments_and_fallbacks_are_refused_with_the_field_named() {
         let d = |name: &str, upstream: &str| json!({"name": name, "upstream": upstream});
         let cases = [
-            (json!({"a": {"deployments": [d("x", "local"), d("x", "other")]}}),
-             "gateway.models.a.deployments[1].name: deployment \"x\" is listed twice"),
-            (json!({"a": {"deployments": [d("x", "nowhere")]}}),
-             "gateway.models.a.deployments[0].upstream: no upstream named \"nowhere\""),
-            (json!({"a": {"deployments": [{"name": "x", "upstream": "local", "weight": -1}]}}),
-             "gateway.models.a.deployments[0].weight"),
-            (json!({"a": {"deployments": [{"name": "x", "upstream": "local", "max_concurrency": 0}]}}),
-             "max_concurrency"),
-            (json!({"a": {"deployments": [{"name": "x", "upstream": "local", "max_concurrency": "lots"}]}}),
-             "max_concurrency"),
-            (json!({"a": {"deployments": [{"name": "x", "upstream": "local", "requests": {"capacity": -1, "refill_per_s": 0}}]}}),
-             "gateway.models.a.deployments[0].requests"),
-            (json!({"a": {"deployments": [d("bad name", "local")]}}), "deployments[0].name"),
-            (json!({"a": {"deployments": []}}), "gateway.models.a.deployments must list"),
-            (json!({"a": {"upstream": "local", "deployments": [d("x", "local")]}}), "not both"),
-            (json!({"a": {}}), "gateway.models.a: missing field `upstream`"),
-            (json!({"a": {"upstream": "local", "fallbacks": ["ghost"]}}),
-             "gateway.models.a.fallbacks: \"ghost\" is not another gateway model"),
-            (json!({"a": {"upstream": "local", "fallbacks": ["a"]}}), "gateway.models.a.fallbacks"),
-            (json!({"a": {"upstream": "local", "fallbacks": ["b"]},
+            (
+                json!({"a": {"deployments": [d("x", "local"), d("x", "other")]}}),
+                "gateway.models.a.deployments[1].name: deployment \"x\" is listed twice",
+            ),
+            (
+                json!({"a": {"deployments": [d("x", "nowhere")]}}),
+                "gateway.models.a.deployments[0].upstream: no upstream named \"nowhere\"",
+            ),
+            (
+                json!({"a": {"deployments": [{"name": "x", "upstream": "local", "weight": -1}]}}),
+                "gateway.models.a.deployments[0].weight",
+            ),
+            (
+                json!({"a": {"deployments": [{"name": "x", "upstream": "local", "max_concurrency": 0}]}}),
+                "max_concurrency",
+            ),
+            (
+                json!({"a": {"deployments": [{"name": "x", "upstream": "local", "max_concurrency": "lots"}]}}),
+                "max_concurrency",
+            ),
+            (
+                json!({"a": {"deployments": [{"name": "x", "upstream": "local", "requests": {"capacity": -1, "refill_per_s": 0}}]}}),
+                "gateway.models.a.deployments[0].requests",
+            ),
+            (
+                json!({"a": {"deployments": [d("bad name", "local")]}}),
+                "deployments[0].name",
+            ),
+            (
+                json!({"a": {"deployments": []}}),
+                "gateway.models.a.deployments must list",
+            ),
+            (
+                json!({"a": {"upstream": "local", "deployments": [d("x", "local")]}}),
+                "not both",
+            ),
+            (
+                json!({"a": {}}),
+                "gateway.models.a: missing field `upstream`",
+            ),
+            (
+                json!({"a": {"upstream": "local", "fallbacks": ["ghost"]}}),
+                "gateway.models.a.fallbacks: \"ghost\" is not another gateway model",
+            ),
+            (
+                json!({"a": {"upstream": "local", "fallbacks": ["a"]}}),
+                "gateway.models.a.fallbacks",
+            ),
+            (
+                json!({"a": {"upstream": "local", "fallbacks": ["b"]},
                     "b": {"upstream": "other", "fallbacks": ["c"]},
                     "c": {"upstream": "other", "fallbacks": ["a"]}}),
-             "a cycle (a -> b -> c -> a)"),
+                "a cycle (a -> b -> c -> a)",
+            ),
         ];
         for (models, wanted) in cases {
             let e = with_models(models.clone()).unwrap_err();

@@ -423,6 +423,7 @@ impl<S: Store> Engine<S> {
     /// What `policy` and the host's checks make of a fresh admission, reading `tx` but
     /// writing nothing: the plan with its checked reservation, or the refusal. The active
     /// policy's verdict is then carried out; a shadow's is only counted.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn judge(
         &self,
         tx: &mut dyn Tx,
@@ -576,8 +577,13 @@ impl<S: Store> Engine<S> {
             match deployments::choose(tx, &config, model, now_ms, &ask)? {
                 Ok(chosen) => planned.deployment = Some(chosen),
                 Err(refusal) => {
-                    let fallbacks = if req.fallback { &routing.fallbacks[..] } else { &[] };
-                    let found = self.fallback(tx, req, tenant, fallbacks, &planned, &ask, now_ms)?;
+                    let fallbacks = if req.fallback {
+                        &routing.fallbacks[..]
+                    } else {
+                        &[]
+                    };
+                    let found =
+                        self.fallback(tx, req, tenant, fallbacks, &planned, &ask, now_ms)?;
                     let Some((reservation, chosen, cost)) = found else {
                         return Ok(Err(with_policy(Decision::refused(refusal))));
                     };
@@ -605,11 +611,17 @@ impl<S: Store> Engine<S> {
         ask: &deployments::Ask<'_>,
         now_ms: i64,
     ) -> Result<Option<FallbackChoice>, StoreError> {
-        let ask = deployments::Ask { avoid: None, ..*ask };
+        let ask = deployments::Ask {
+            avoid: None,
+            ..*ask
+        };
         let config = self.config();
         for f in fallbacks {
             let budgets = Budgets::for_request(&config, &req.tenant, tenant, Some(f));
-            if budgets.token_buckets().any(|b| b.never_fits(planned.reserved)) {
+            if budgets
+                .token_buckets()
+                .any(|b| b.never_fits(planned.reserved))
+            {
                 continue;
             }
             let cost = budgets.cost(
@@ -635,11 +647,7 @@ impl<S: Store> Engine<S> {
 }
 
 /// A fallback model's checked reservation, its deployment, and the call's cost there.
-type FallbackChoice = (
-    super::budgets::Reservation,
-    super::deployments::Chosen,
-    u64,
-);
+type FallbackChoice = (super::budgets::Reservation, super::deployments::Chosen, u64);
 
 /// The longest retry-after a policy may estimate; a policy's figure is advice to callers,
 /// and an absurd one (a hostile or broken module) must not tell them to go away for years.

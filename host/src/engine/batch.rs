@@ -371,8 +371,12 @@ impl<S: Store> Engine<S> {
             }
             // A fallback reserves its own model's buckets.
             if let Some(m) = config.model(model) {
-                hint.buckets.extend(m.requests.map(|_| crate::model::names::model_requests(model)));
-                hint.buckets.extend(m.tokens.map(|_| crate::model::names::model_tokens(model)));
+                hint.buckets.extend(
+                    m.requests
+                        .map(|_| crate::model::names::model_requests(model)),
+                );
+                hint.buckets
+                    .extend(m.tokens.map(|_| crate::model::names::model_tokens(model)));
             }
         }
         for list in [&mut hint.buckets, &mut hint.slots, &mut hint.queues] {

@@ -454,9 +454,7 @@ impl<S: Store> Engine<S> {
                 let cost_used = budgets.cost(u.input_tokens, u.output_tokens);
                 let unused_cost = reserved_cost.saturating_sub(cost_used);
                 budgets.refund(tx, unused, unused_cost, now_ms)?;
-                if let (Some(model), Some(name), true) =
-                    (&op.model, &op.deployment, unused > 0)
-                {
+                if let (Some(model), Some(name), true) = (&op.model, &op.deployment, unused > 0) {
                     let config = self.config();
                     let configured = config.routing.get(model).and_then(|r| {
                         r.deployments

@@ -213,7 +213,9 @@ impl<'a> DeploymentBudgets<'a> {
                             .min(next.balance_micro as f64 / b.limits.capacity_micro.max(1) as f64);
                     }
                     // An unlimited bucket at its full level needs no row.
-                    if configured || stored.is_some_and(|s| s.balance_micro < b.limits.capacity_micro) {
+                    if configured
+                        || stored.is_some_and(|s| s.balance_micro < b.limits.capacity_micro)
+                    {
                         spends.push((b.name.clone(), next));
                     }
                 }
@@ -331,7 +333,9 @@ impl<'a> DeploymentBudgets<'a> {
     /// Stops new calls until `until_ms` (a 429's retry-after, or an ejection); a pause
     /// already longer stays.
     fn pause(&self, tx: &mut dyn Tx, now_ms: i64, until_ms: i64) -> Result<(), StoreError> {
-        let until = self.paused_until(tx, now_ms)?.map_or(until_ms, |t| t.max(until_ms));
+        let until = self
+            .paused_until(tx, now_ms)?
+            .map_or(until_ms, |t| t.max(until_ms));
         tx.set_bucket(
             &self.pause,
             bucket::State {
@@ -425,7 +429,10 @@ pub(crate) fn choose(
     for d in DeploymentBudgets::of(config, model) {
         match d.check(tx, now_ms, ask.tokens)? {
             Check::Fits(c) => {
-                let class = (ask.avoid != Some(c.name.as_str()), d.deployment.weight > 0.0);
+                let class = (
+                    ask.avoid != Some(c.name.as_str()),
+                    d.deployment.weight > 0.0,
+                );
                 fits.push((class, c));
             }
             Check::Short { wait, busy, short } => {
@@ -470,7 +477,12 @@ pub(crate) fn choose(
 /// the attempt, mixed (SplitMix64's finaliser).
 pub(crate) fn draw(seed: u64, tenant: &str, key: &str, attempt: u32) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ seed;
-    for b in tenant.bytes().chain([0]).chain(key.bytes()).chain(attempt.to_le_bytes()) {
+    for b in tenant
+        .bytes()
+        .chain([0])
+        .chain(key.bytes())
+        .chain(attempt.to_le_bytes())
+    {
         h ^= u64::from(b);
         h = h.wrapping_mul(0x0100_0000_01b3);
     }
@@ -564,14 +576,22 @@ pub(crate) fn end_attempt(
         // goes on taking them (its provider's retry-after still pauses it).
         (CallResult::Failed, Some("unavailable" | "connect_failed")) if !can_eject => {
             if let Some(ms) = end.provider_retry_after_ms {
-                d.pause(tx, now_ms, now_ms.saturating_add(ms.min(EJECT_MAX_MS as u64) as i64))?;
+                d.pause(
+                    tx,
+                    now_ms,
+                    now_ms.saturating_add(ms.min(EJECT_MAX_MS as u64) as i64),
+                )?;
             }
         }
         (CallResult::Failed, Some("unavailable" | "connect_failed")) => {
             let failures = tx.slots_in_use(&d.failures)?.saturating_add(1);
             tx.set_slots_in_use(&d.failures, failures)?;
             if let Some(ms) = end.provider_retry_after_ms {
-                d.pause(tx, now_ms, now_ms.saturating_add(ms.min(EJECT_MAX_MS as u64) as i64))?;
+                d.pause(
+                    tx,
+                    now_ms,
+                    now_ms.saturating_add(ms.min(EJECT_MAX_MS as u64) as i64),
+                )?;
             }
             if failures >= EJECT_AFTER_FAILURES {
                 let ejections = tx.slots_in_use(&d.ejections)?.saturating_add(1);

@@ -263,8 +263,15 @@ impl<S: Store> Engine<S> {
         if !sampled(shadow.sample_ppm, &req.tenant, &req.key) {
             return;
         }
-        let verdict: Result<_, StoreError> =
-            self.judge(tx, shadow.policy.as_ref(), req, guest_req, view, None, now_ms);
+        let verdict: Result<_, StoreError> = self.judge(
+            tx,
+            shadow.policy.as_ref(),
+            req,
+            guest_req,
+            view,
+            None,
+            now_ms,
+        );
         let (shadow_label, shadow_plan) = match verdict {
             Ok(Ok(planned)) => {
                 let plan = planned.shape();

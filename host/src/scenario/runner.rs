@@ -129,7 +129,7 @@ impl Runner {
                     worker: None,
                     attempt: c.attempt,
                     answer: None,
-                   provider_limits: None,
+                    provider_limits: None,
                 };
                 to_value(engine.complete(&completion, now).map(|a| json!(a)))
             }

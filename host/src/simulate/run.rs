@@ -451,7 +451,7 @@ impl<'a, S: Store> Sim<'a, S> {
             worker: worker.map(|w| self.worker_names[w as usize].clone()),
             attempt: Some(attempt),
             answer: None,
-           provider_limits: None,
+            provider_limits: None,
         };
         let answer = self.pending.complete(completion, now);
         self.thens.push(Then::Completed {
