@@ -660,3 +660,76 @@ fn a_batch_reads_the_databases_clock_once_with_its_rows() {
         seen[0]
     );
 }
+
+/// One chat completion through a replica's gateway: its status and the deployment header.
+fn chat(base: &str, model: &str) -> (u16, Option<String>) {
+    let body = json!({"model": model, "messages": [{"role": "user", "content": "hi"}]});
+    let answer = ureq::post(&format!("{base}/v1/chat/completions"))
+        .set("Authorization", &format!("Bearer {CALLER}"))
+        .set("Content-Type", "application/json")
+        .send_string(&body.to_string());
+    let response = match answer {
+        Ok(r) => r,
+        Err(ureq::Error::Status(_, r)) => r,
+        Err(e) => panic!("{e}"),
+    };
+    let deployment = response.header("x-tollgate-deployment").map(str::to_string);
+    (response.status(), deployment)
+}
+
+#[test]
+#[ignore = "needs PostgreSQL: .ci/run starts one and runs this with --ignored"]
+fn two_replicas_sharing_deployments_never_send_a_provider_past_its_limit() {
+    let db = Database::create("deployments");
+    let dir = tempfile::tempdir().unwrap();
+    // Two accounts of 40 and 20 requests a minute, each refusing more with OpenAI's 429.
+    let stubs = [
+        common::stub::Stub::limited(40),
+        common::stub::Stub::limited(20),
+    ];
+    let config = json!({
+        "auth": {"callers": {CALLER: "acme"}, "admins": [ADMIN]},
+        "global": {"requests": {"capacity": 100000, "refill_per_s": 0}, "concurrency": 1000},
+        "tenant_defaults": {"requests": {"capacity": 100000, "refill_per_s": 0},
+                            "tokens": {"capacity": 1e9, "refill_per_s": 0}},
+        "tenants": {"acme": {}},
+        "gateway": {
+            "upstreams": {"big": {"base_url": stubs[0].base_url()},
+                          "small": {"base_url": stubs[1].base_url()}},
+            "models": {"m": {"default_max_output_tokens": 16, "deployments": [
+                {"name": "big", "upstream": "big",
+                 "requests": {"capacity": 40, "refill_per_s": 40.0 / 60.0}},
+                {"name": "small", "upstream": "small",
+                 "requests": {"capacity": 20, "refill_per_s": 20.0 / 60.0}}]}},
+        }
+    });
+    let replicas = [
+        Server::start_on(dir.path(), "replica-1", &config, &db.url(), &[]),
+        Server::start_on(dir.path(), "replica-2", &config, &db.url(), &[]),
+    ];
+    let bases: Vec<String> = replicas.iter().map(|r| r.base.clone()).collect();
+    let clients: Vec<_> = (0..8)
+        .map(|c| {
+            let base = bases[c % 2].clone();
+            std::thread::spawn(move || (0..12).map(|_| chat(&base, "m")).collect::<Vec<_>>())
+        })
+        .collect();
+    let answers: Vec<(u16, Option<String>)> = clients
+        .into_iter()
+        .flat_map(|c| c.join().unwrap())
+        .collect();
+    let (big, small) = (stubs[0].stats(), stubs[1].stats());
+    // Neither provider was asked past its limit, from either replica.
+    assert_eq!(big["refused"], 0, "{big}");
+    assert_eq!(small["refused"], 0, "{small}");
+    let served = answers.iter().filter(|(s, _)| *s == 200).count() as u64;
+    assert_eq!(
+        served,
+        big["served"].as_u64().unwrap() + small["served"].as_u64().unwrap()
+    );
+    // Both accounts' whole budgets were used, no more (a few refills while the test runs).
+    assert!((60..=66).contains(&served), "{served} served");
+    for (status, _) in answers.iter().filter(|(s, _)| *s != 200) {
+        assert_eq!(*status, 429);
+    }
+}

@@ -1,5 +1,6 @@
-//! The gateway tests' stub upstream (tests/gateway/stub_upstream.py) as a process of its
-//! own, on a free loopback port; it stops with the test.
+//! The gateway tests' stub upstreams (tests/gateway/stub_upstream.py, and
+//! limited_upstream.py, which enforces a request limit of its own) as processes of their
+//! own, on free loopback ports; each stops with the test.
 
 use serde_json::Value;
 
@@ -10,13 +11,29 @@ pub struct Stub {
 
 impl Stub {
     pub fn start() -> Stub {
+        Self::run("stub_upstream.py", "0")
+    }
+
+    /// A stub that takes `rpm` requests a minute and refuses more with OpenAI's 429.
+    pub fn limited(rpm: u32) -> Stub {
+        Self::run("limited_upstream.py", &rpm.to_string())
+    }
+
+    /// What a limited stub counted: `served`, `refused`, ...
+    pub fn stats(&self) -> Value {
+        let text = ureq::get(&format!("http://127.0.0.1:{}/_stats", self.port))
+            .call()
+            .unwrap()
+            .into_string()
+            .unwrap();
+        serde_json::from_str(&text).unwrap()
+    }
+
+    fn run(file: &str, arg: &str) -> Stub {
         use std::io::BufRead;
-        let script = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../tests/gateway/stub_upstream.py"
-        );
+        let script = format!("{}/../tests/gateway/{file}", env!("CARGO_MANIFEST_DIR"));
         let mut child = std::process::Command::new("python3")
-            .args([script, "0"])
+            .args([script.as_str(), arg])
             .stdout(std::process::Stdio::piped())
             .spawn()
             .unwrap();

@@ -167,3 +167,11 @@ def start(**limits):
     server.limits = Limits(**limits)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
+
+
+if __name__ == "__main__":
+    import sys
+    # limited_upstream.py RPM: a stub of RPM requests a minute on a free port, printed.
+    s = start(rpm=int(sys.argv[1]))
+    print(s.server_address[1], flush=True)
+    threading.Event().wait()
