@@ -167,6 +167,7 @@ pub fn gateway(
     dir: &Path,
     connections: usize,
     calls: u64,
+    deployments: usize,
 ) -> Result<GatewayFigures, String> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -180,9 +181,17 @@ pub fn gateway(
     rt.spawn(stub(listener));
     let mut config = crate::store::admit_config_json(1);
     config["auth"] = serde_json::json!({"callers": {"bench-key": "t00000"}});
+    // One deployment: the one-upstream form. Several: each with a request bucket and a
+    // concurrency limit that never run short, so every budget of each is read and written.
+    let model = match deployments {
+        0 | 1 => serde_json::json!({"upstream": "stub", "tokenizer": "o200k_base"}),
+        n => serde_json::json!({"tokenizer": "o200k_base", "deployments": (0..n).map(|i| serde_json::json!({
+            "name": format!("d{i}"), "upstream": "stub", "max_concurrency": 100_000,
+            "requests": {"capacity": 1e9, "refill_per_s": 1e6}})).collect::<Vec<_>>()}),
+    };
     config["gateway"] = serde_json::json!({
         "upstreams": {"stub": {"base_url": format!("http://{stub_addr}/v1")}},
-        "models": {"bench": {"upstream": "stub", "tokenizer": "o200k_base"}},
+        "models": {"bench": model},
     });
     let (_server, addr) = start_serve(serve, dir, &config)?;
     let direct = format!("http://{stub_addr}/v1/chat/completions");

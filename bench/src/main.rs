@@ -78,6 +78,9 @@ enum BenchCommand {
     Gateway {
         #[arg(long, default_value_t = 32)]
         connections: usize,
+        /// Deployments serving the model (1: the one-upstream form).
+        #[arg(long, default_value_t = 1)]
+        deployments: usize,
         #[arg(long, default_value_t = 20_000)]
         calls: u64,
         /// Print one JSON line at the end.
@@ -194,13 +197,14 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
         }
         Some(BenchCommand::Gateway {
             connections,
+            deployments,
             calls,
             json,
             tollgate,
         }) => {
             let dir = tempfile_dir()?;
             let exe = tollgate.map_or_else(serve_executable, Ok)?;
-            let f = gateway::gateway(&exe, &dir, connections, calls);
+            let f = gateway::gateway(&exe, &dir, connections, calls, deployments);
             let _ = std::fs::remove_dir_all(&dir);
             let f = f?;
             println!(
