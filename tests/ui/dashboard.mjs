@@ -31,6 +31,14 @@ const config = {
   },
   // A long tenant name: its buckets' names are the longest words the cards must hold.
   tenants: { acme: { weight: 2 }, globex: {}, "research-and-development-eu-west-nightly-batch": {} },
+  // A gateway model served by two deployments (never called here): their health shows.
+  gateway: {
+    upstreams: { east: { base_url: "http://127.0.0.1:9/v1" }, west: { base_url: "http://127.0.0.1:9/v1" } },
+    models: { "gpt-4o-mini": { deployments: [
+      { name: "east", upstream: "east", max_concurrency: 4 },
+      { name: "west", upstream: "west", max_concurrency: "adaptive" },
+    ] } },
+  },
 };
 writeFileSync(join(dir, "tollgate.json"), JSON.stringify(config));
 
@@ -134,6 +142,12 @@ try {
   assert.deepEqual(slots, inspect.slots, "slots match /v1/admin/inspect");
   assert.ok(inspect.queues.acme + inspect.queues.globex > 0, "durable jobs are queued");
   assert.ok(Object.values(inspect.slots).some((v) => v > 0), "a slot is in use");
+  const deployments = await page.$$eval("#deployments tr", (trs) =>
+    trs.map((tr) => [...tr.children].map((td) => td.textContent)));
+  assert.deepEqual(deployments, [
+    ["deployment.gpt-4o-mini.east", "healthy", "0", "4"],
+    ["deployment.gpt-4o-mini.west", "healthy", "0", "8"],
+  ], "deployments as /v1/admin/inspect has them");
   const buckets = await table("buckets");
   assert.deepEqual(Object.keys(buckets).sort(), Object.keys(inspect.buckets).sort());
   assert.equal(await page.textContent("#policy-name"), inspect.policy.name);
