@@ -134,6 +134,61 @@ fn callers_that_honour_retry_after_make_no_storm() {
     assert!(calm.completed >= storm.completed);
 }
 
+#[test]
+fn reserved_routing_serves_what_one_deployment_cannot_and_no_deployment_answers_429() {
+    let runs = runs("provider-limits.json");
+    let reserved = &named(&runs, "reserved, two deployments").summary;
+    let one = &named(&runs, "one deployment").summary;
+    let learned = &named(&runs, "learned, two deployments").summary;
+    // Reserved: every call served, none refused by the provider, each deployment within
+    // its own minute, and east (60 a minute) taking about twice west's (30).
+    let (east, west) = (&reserved.deployments["east"], &reserved.deployments["west"]);
+    assert_eq!((east.rate_limited, west.rate_limited), (0, 0));
+    assert_eq!(reserved.overall.refused, 0);
+    assert_eq!(
+        reserved.overall.completed,
+        reserved.overall.offered - reserved.tenants["app"].pending_at_end
+    );
+    assert!(
+        reserved.overall.completed >= 445,
+        "{}",
+        reserved.overall.completed
+    );
+    let share = east.sent as f64 / (east.sent + west.sent) as f64;
+    assert!((0.6..0.73).contains(&share), "east took {share}");
+    let app = &reserved.tenants["app"];
+    assert!(app.latency_ms.p99.unwrap() <= 1_600, "{:?}", app.latency_ms);
+    let series = &named(&runs, "reserved, two deployments").series;
+    // Never past a deployment's limit in any minute (12 samples of 5 s): its minute's
+    // worth, plus the first minute's full window.
+    for (name, limit) in [("east", 60u64), ("west", 30)] {
+        let sent = &series.deployment_sent[name];
+        for w in sent.windows(12) {
+            assert!(w.iter().sum::<u64>() <= 2 * limit, "{name}: {w:?}");
+        }
+    }
+    // One deployment: the provider refuses, callers wait and ask again, fewer are served
+    // and slower.
+    assert!(one.deployments["east"].rate_limited > 0);
+    assert!(!one.deployments.contains_key("west") || one.deployments["west"].sent == 0);
+    assert!(one.overall.completed * 10 < reserved.overall.completed * 8);
+    let slow = one.tenants["app"].latency_ms.p50.unwrap();
+    assert!(slow > 5 * app.latency_ms.p50.unwrap(), "{slow}");
+    // Learned: both limits found from the provider's reports, fewer 429s than one
+    // deployment takes, and the load served.
+    let said_no = learned
+        .deployments
+        .values()
+        .map(|d| d.rate_limited)
+        .sum::<u64>();
+    assert!(learned.overall.completed >= reserved.overall.completed * 9 / 10);
+    assert!(
+        said_no * 4 < one.deployments["east"].rate_limited,
+        "{said_no}"
+    );
+    assert!(learned.deployments["west"].sent > 100);
+}
+
 fn tollgate(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_tollgate"))
         .args(args)

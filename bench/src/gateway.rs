@@ -185,9 +185,11 @@ pub fn gateway(
     // concurrency limit that never run short, so every budget of each is read and written.
     let model = match deployments {
         0 | 1 => serde_json::json!({"upstream": "stub", "tokenizer": "o200k_base"}),
-        n => serde_json::json!({"tokenizer": "o200k_base", "deployments": (0..n).map(|i| serde_json::json!({
+        n => {
+            serde_json::json!({"tokenizer": "o200k_base", "deployments": (0..n).map(|i| serde_json::json!({
             "name": format!("d{i}"), "upstream": "stub", "max_concurrency": 100_000,
-            "requests": {"capacity": 1e9, "refill_per_s": 1e6}})).collect::<Vec<_>>()}),
+            "requests": {"capacity": 1e9, "refill_per_s": 1e6}})).collect::<Vec<_>>()})
+        }
     };
     config["gateway"] = serde_json::json!({
         "upstreams": {"stub": {"base_url": format!("http://{stub_addr}/v1")}},

@@ -370,7 +370,10 @@ mod tests {
     fn records_leave_out_the_key_columns_and_absent_fields_and_still_read_full_ones() {
         let old = Operation::from_record("acme".into(), "op-1".into(), FULL).unwrap();
         // Written before deployments: none held, none to release.
-        assert_eq!((old.deployment.as_ref(), old.holds_deployment_slot), (None, false));
+        assert_eq!(
+            (old.deployment.as_ref(), old.holds_deployment_slot),
+            (None, false)
+        );
         assert_eq!(old.asked_model, None);
         let compact = serde_json::to_string(&old).unwrap();
         for absent in [

@@ -369,3 +369,60 @@ fn a_fallback_model_serves_when_no_deployment_can_unless_forbidden() {
     let again = admit(&e, &call("k3", "m"), 1_000);
     assert_eq!(again.served_model.as_deref(), Some("spare"));
 }
+
+#[test]
+fn a_call_admitted_before_deployments_completes_after_them_and_holds_none() {
+    let dir = std::env::temp_dir().join(format!("tollgate-deployments-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("store.db");
+    let _ = std::fs::remove_file(&path);
+    let start = |gateway: Option<Value>| {
+        let mut config = json!({
+            "global": {"requests": {"capacity": 1000, "refill_per_s": 0}, "concurrency": 10},
+            "tenant_defaults": {"requests": {"capacity": 1000, "refill_per_s": 0},
+                                "tokens": {"capacity": 1000000, "refill_per_s": 0}},
+            "tenants": {"acme": {}},
+        });
+        if let Some(g) = gateway {
+            config["gateway"] = g;
+        }
+        let file = ConfigFile::from_json(&config).unwrap();
+        let runtime = Runtime::new().unwrap();
+        let policy = runtime
+            .load(
+                builtin::get("standard").unwrap(),
+                file.engine.policy_limits(),
+            )
+            .unwrap();
+        let store = SqliteStore::open(&path).unwrap();
+        Engine::new(file.engine, store, runtime, Arc::new(policy))
+    };
+    // As the release before deployments admitted it: the model has no deployment.
+    let before = start(None);
+    let old = admit(&before, &call("old", "m"), 1_000);
+    assert_eq!(old.deployment, None);
+    assert_eq!(before.inspect(1_000).unwrap().slots["global"], 1);
+    drop(before);
+    // The same store under the one-upstream form, which now means one deployment.
+    let after = start(Some(json!({
+        "upstreams": {"one": {"base_url": "http://127.0.0.1:1/v1"}},
+        "models": {"m": {"upstream": "one"}},
+    })));
+    end(&after, "old", CallResult::Succeeded, |_| {});
+    let i = after.inspect(1_000).unwrap();
+    assert_eq!(i.slots["global"], 0);
+    assert_eq!(i.deployments["deployment.m.one"].in_flight, 0);
+    // A new call reserves the deployment and releases it when it ends.
+    let new = admit(&after, &call("new", "m"), 1_000);
+    assert_eq!(new.deployment.as_deref(), Some("one"));
+    assert_eq!(
+        after.inspect(1_000).unwrap().deployments["deployment.m.one"].in_flight,
+        1
+    );
+    end(&after, "new", CallResult::Succeeded, |_| {});
+    assert_eq!(
+        after.inspect(1_000).unwrap().deployments["deployment.m.one"].in_flight,
+        0
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -101,6 +101,31 @@ pub fn all(run: &RunResult, concurrency: u32) -> Vec<(&'static str, String)> {
             draw("Provider occupancy", "calls", &x, &occupancy),
         ),
     ];
+    // Each simulated deployment's load: calls sent to it per second, between samples.
+    if !s.deployment_sent.is_empty() {
+        let per_s: Vec<Line> = s
+            .deployment_sent
+            .iter()
+            .map(|(name, sent)| Line {
+                label: name.clone(),
+                points: (0..x.len())
+                    .map(|k| {
+                        let span = x[k] - x[k.max(1) - 1];
+                        (k > 0 && span > 0.0).then(|| sent[k] as f64 / span)
+                    })
+                    .collect(),
+            })
+            .collect();
+        plots.push((
+            "deployments",
+            draw(
+                "Calls sent per deployment, per second",
+                "calls/s",
+                &x,
+                &per_s,
+            ),
+        ));
+    }
     // A share among tenants says something only when there are several.
     if run.tenants.len() > 1 {
         plots.push((

@@ -188,7 +188,45 @@ pub struct Provider {
     /// When an `unknown` call is reconciled (as succeeded) after it ended.
     #[serde(default = "thirty_seconds")]
     pub reconcile_after_ms: u64,
+    /// Deployments with limits of their own, by the name a gateway model's deployment has
+    /// in the configuration: a call the engine reserved on one is sent there, and that
+    /// deployment refuses it with 429 past its own limits, reporting what it has left as a
+    /// provider's rate-limit headers do.
+    #[serde(default)]
+    pub deployments: BTreeMap<String, ProviderDeployment>,
 }
+
+/// One deployment as the provider enforces it: a window of requests and of tokens a
+/// minute (refilled continuously, as a token bucket of a minute's worth), calls at once,
+/// and failures of its own.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderDeployment {
+    /// Requests it takes a minute (none: unlimited).
+    #[serde(default)]
+    pub requests_per_minute: Option<u64>,
+    /// Tokens it takes a minute, a call counting its prompt and its output limit (none:
+    /// unlimited).
+    #[serde(default)]
+    pub tokens_per_minute: Option<u64>,
+    /// Calls it serves at once (none: only the provider's `concurrency` bounds it).
+    #[serde(default)]
+    pub concurrency: Option<u32>,
+    /// How its calls fail, instead of the provider's `failures`.
+    #[serde(default)]
+    pub failures: Option<Failures>,
+    /// Whether its answers say what is left (`x-ratelimit-remaining-*` and
+    /// `x-ratelimit-reset-*`, read by tollgate as a real provider's are).
+    #[serde(default = "yes")]
+    pub reports_limits: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// The most a per-minute limit of a simulated deployment may be.
+const MOST_PER_MINUTE: u64 = 1_000_000_000;
 
 fn one() -> f64 {
     1.0
@@ -212,6 +250,21 @@ pub struct Failures {
     pub unknown: f64,
     /// How long a refusal takes to arrive.
     pub fail_after_ms: u64,
+}
+
+impl Failures {
+    /// Each fraction 0 to 1, their sum at most 1.
+    fn check(&self, at: &str) -> Result<(), String> {
+        let fractions = [self.rate_limited, self.unavailable, self.unknown];
+        if fractions
+            .iter()
+            .any(|x| !(x.is_finite() && (0.0..=1.0).contains(x)))
+            || fractions.iter().sum::<f64>() > 1.0
+        {
+            return Err(format!("{at}: each fraction 0 to 1, their sum at most 1"));
+        }
+        Ok(())
+    }
 }
 
 impl Default for Failures {
@@ -354,8 +407,7 @@ impl Simulation {
             return Err("no load: give `tenants` with arrivals, or a `trace`".into());
         }
         let p = &input.provider;
-        let f = &p.failures;
-        let fractions = [f.rate_limited, f.unavailable, f.unknown];
+        p.failures.check("provider.failures")?;
         if p.concurrency == 0 || p.concurrency > 1_000_000 {
             return Err("provider.concurrency must be 1 to 1,000,000".into());
         }
@@ -366,12 +418,25 @@ impl Simulation {
         if !(p.output_fraction.is_finite() && (0.0..=1.0).contains(&p.output_fraction)) {
             return Err("provider.output_fraction must be 0 to 1".into());
         }
-        if fractions
-            .iter()
-            .any(|x| !(x.is_finite() && (0.0..=1.0).contains(x)))
-            || fractions.iter().sum::<f64>() > 1.0
-        {
-            return Err("provider.failures: each fraction 0 to 1, their sum at most 1".into());
+        for (name, d) in &p.deployments {
+            let at = format!("provider.deployments.{name}");
+            if name.is_empty() || name.len() > 64 {
+                return Err(format!("{at}: a name must be 1 to 64 bytes"));
+            }
+            for (field, v) in [
+                ("requests_per_minute", d.requests_per_minute),
+                ("tokens_per_minute", d.tokens_per_minute),
+            ] {
+                if v.is_some_and(|v| v == 0 || v > MOST_PER_MINUTE) {
+                    return Err(format!("{at}.{field} must be 1 to {MOST_PER_MINUTE}"));
+                }
+            }
+            if d.concurrency.is_some_and(|c| c == 0 || c > 1_000_000) {
+                return Err(format!("{at}.concurrency must be 1 to 1,000,000"));
+            }
+            if let Some(f) = &d.failures {
+                f.check(&format!("{at}.failures"))?;
+            }
         }
         if input.workers.claim_batch == 0 || input.workers.poll_ms == 0 {
             return Err("workers: claim_batch and poll_ms must be positive".into());

@@ -6,6 +6,7 @@
 //! - [`arrivals`]: the load, generated once per file and seed so that every run compared
 //!   sees the same requests.
 //! - [`run`]: the event loop over one engine.
+//! - `deployment`: a provider deployment with limits of its own, as the run enforces it.
 //! - `recorder`: the run's books, kept as the loop goes and closed into its summary.
 //! - [`summary`]: what a run measured, the fairness measures included.
 //!
@@ -13,6 +14,7 @@
 //! computes.
 
 pub mod arrivals;
+mod deployment;
 pub mod file;
 mod recorder;
 mod rng;

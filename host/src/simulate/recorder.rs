@@ -2,7 +2,9 @@
 //! and the series sampled at fixed times. The event loop (`run`) says what happened; the
 //! recorder keeps the books and turns them into the run's summary at the end.
 
-use super::summary::{jain, max_service_difference, Overall, Percentiles, Series, TenantSummary};
+use super::summary::{
+    jain, max_service_difference, DeploymentSummary, Overall, Percentiles, Series, TenantSummary,
+};
 use std::collections::BTreeMap;
 
 /// The books of one run, one entry per tenant (by the load's tenant index).
@@ -19,6 +21,10 @@ pub(super) struct Recorder {
     interval_refused: Vec<bool>,
     /// Refusals since the last sample, by reason.
     interval_refusals: BTreeMap<String, u64>,
+    /// Per simulated deployment (in name order): its name and counts.
+    deployments: Vec<(String, DeploymentSummary)>,
+    /// Per simulated deployment: calls sent to it since the last sample.
+    interval_sent: Vec<u64>,
 }
 
 /// What the run ended with, for [`Recorder::finish`].
@@ -30,8 +36,8 @@ pub(super) struct Ending<'a> {
 }
 
 impl Recorder {
-    /// Empty books for `tenants` tenants.
-    pub fn new(tenants: usize) -> Self {
+    /// Empty books for `tenants` tenants and the provider's `deployments`.
+    pub fn new(tenants: usize, deployments: Vec<String>) -> Self {
         let n = tenants;
         Recorder {
             tallies: vec![TenantSummary::default(); n],
@@ -48,6 +54,34 @@ impl Recorder {
             interval_waits: vec![(0.0, 0); n],
             interval_refused: vec![false; n],
             interval_refusals: BTreeMap::new(),
+            interval_sent: vec![0; deployments.len()],
+            deployments: deployments
+                .into_iter()
+                .map(|d| (d, DeploymentSummary::default()))
+                .collect(),
+        }
+    }
+
+    /// A call was sent to deployment `i`.
+    pub fn deployment_sent(&mut self, i: usize) {
+        self.deployments[i].1.sent += 1;
+        self.interval_sent[i] += 1;
+    }
+
+    /// Deployment `i` took a call and now serves `in_flight`.
+    pub fn deployment_in_flight(&mut self, i: usize, in_flight: u32) {
+        let d = &mut self.deployments[i].1;
+        d.peak_in_flight = d.peak_in_flight.max(in_flight);
+    }
+
+    /// A call sent to deployment `i` ended: `succeeded`, `unknown`, or the failure's kind.
+    pub fn deployment_ended(&mut self, i: usize, kind: &str) {
+        let d = &mut self.deployments[i].1;
+        match kind {
+            "succeeded" => d.succeeded += 1,
+            "rate_limited" => d.rate_limited += 1,
+            "unknown" => d.unknown += 1,
+            _ => d.failed += 1,
         }
     }
 
@@ -151,11 +185,27 @@ impl Recorder {
         for line in series.refusals.values_mut() {
             line.resize(k, 0);
         }
+        for (i, (name, _)) in self.deployments.iter().enumerate() {
+            let sent = std::mem::take(&mut self.interval_sent[i]);
+            series
+                .deployment_sent
+                .entry(name.clone())
+                .or_default()
+                .push(sent);
+        }
     }
 
     /// Closes the books: each tenant's summary (shares, percentiles), the run's overall
     /// figures, and the series.
-    pub fn finish(mut self, ending: Ending) -> (Vec<TenantSummary>, Overall, Series) {
+    pub fn finish(
+        mut self,
+        ending: Ending,
+    ) -> (
+        Vec<TenantSummary>,
+        Overall,
+        BTreeMap<String, DeploymentSummary>,
+        Series,
+    ) {
         let all_tokens: u64 = self.tallies.iter().map(|t| t.tokens).sum();
         let all_completed: u64 = self.tallies.iter().map(|t| t.completed).sum();
         let share = |x: u64, of: u64| if of == 0 { 0.0 } else { x as f64 / of as f64 };
@@ -183,6 +233,7 @@ impl Recorder {
                 / occupancy.len().max(1) as f64,
             engine_calls: ending.engine_calls,
         };
-        (self.tallies, overall, self.series)
+        let deployments = self.deployments.into_iter().collect();
+        (self.tallies, overall, deployments, self.series)
     }
 }

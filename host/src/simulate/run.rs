@@ -3,12 +3,14 @@
 //! store with the real policy. Nothing sleeps: the clock jumps to the next event.
 
 use super::arrivals::{Arrival, Load};
+use super::deployment::{Deployment, Taken};
 use super::file::{Callers, Distribution, OnRefusal, Simulation};
 use super::recorder::{Ending, Recorder};
 use super::rng::Rng;
 use super::summary::{Series, Summary, TenantSummary};
 use crate::engine::{
-    Batch, Completion, CompletionAnswer, Decision, DispatchAnswer, Reconciliation, Ticket,
+    Batch, Completion, CompletionAnswer, Decision, DispatchAnswer, ProviderLimits, Reconciliation,
+    Ticket,
 };
 use crate::model::{CallResult, Request, Route, Usage};
 use crate::reason::Outcome;
@@ -54,6 +56,10 @@ enum Event {
         worker: Option<u32>,
         /// Whether the call held one of the provider's places.
         held: bool,
+        /// The simulated deployment it was sent to, and whether it held one of its places.
+        deployment: Option<(usize, bool)>,
+        /// What the deployment's answer said of its limits.
+        limits: Option<ProviderLimits>,
         call: Call,
     },
     /// An unknown call is found to have succeeded.
@@ -116,6 +122,8 @@ struct Sim<'a, S: Store> {
     /// What the run measures.
     books: Recorder,
     in_flight: u32,
+    /// The provider's deployments with limits of their own, in name order.
+    deployments: Vec<Deployment>,
     worker_busy: Vec<u32>,
     worker_names: Vec<String>,
     provider: Rng,
@@ -140,6 +148,15 @@ enum Then {
         answer: Ticket<CompletionAnswer>,
     },
     Dispatched(u32, Ticket<DispatchAnswer>),
+}
+
+/// Where a provider call was sent, and what it held there.
+struct Sent {
+    worker: Option<u32>,
+    /// Whether it held one of the provider's places.
+    held: bool,
+    deployment: Option<(usize, bool)>,
+    limits: Option<ProviderLimits>,
 }
 
 /// The key of operation `id`: unique within the run.
@@ -182,6 +199,13 @@ pub fn run<S: Store>(
         ));
     }
     let durable = load.arrivals.iter().any(|a| a.route == Route::Durable);
+    let deployments: Vec<Deployment> = sim
+        .provider
+        .deployments
+        .iter()
+        .map(|(name, spec)| Deployment::new(name, spec))
+        .collect();
+    let deployment_names: Vec<String> = deployments.iter().map(|d| d.name.clone()).collect();
     let workers = if durable { sim.workers.count } else { 0 };
     let mut s = Sim {
         sim,
@@ -192,8 +216,9 @@ pub fn run<S: Store>(
         heap: BinaryHeap::new(),
         seq: 0,
         ops: Vec::with_capacity(load.arrivals.len()),
-        books: Recorder::new(n),
+        books: Recorder::new(n, deployment_names),
         in_flight: 0,
+        deployments,
         worker_busy: vec![0; workers as usize],
         worker_names: (0..workers).map(|w| format!("sim-worker-{w}")).collect(),
         provider: Rng::new(sim.seed, u64::MAX),
@@ -239,8 +264,18 @@ pub fn run<S: Store>(
                     attempt,
                     worker,
                     held,
+                    deployment,
+                    limits,
                     call,
-                } => s.call_end(now, op, attempt, worker, held, call),
+                } => {
+                    let sent = Sent {
+                        worker,
+                        held,
+                        deployment,
+                        limits,
+                    };
+                    s.call_end(now, op, attempt, sent, call)
+                }
                 Event::Reconcile {
                     op,
                     attempt,
@@ -308,7 +343,8 @@ impl<'a, S: Store> Sim<'a, S> {
                 }
                 if d.outcome == Outcome::Accepted {
                     let max_output = d.max_output_tokens.unwrap_or(a.max_output_tokens);
-                    self.start_call(now, op, d.attempt.unwrap_or(1), max_output, None);
+                    let to = d.deployment.as_deref();
+                    self.start_call(now, op, d.attempt.unwrap_or(1), max_output, None, to);
                 }
             }
             other => {
@@ -337,7 +373,9 @@ impl<'a, S: Store> Sim<'a, S> {
         }
     }
 
-    /// Sends a call to the provider: refused at once when all its places are taken.
+    /// Sends a call to the provider (to `deployment` where the engine reserved one the
+    /// provider knows): refused at once when all its places are taken, or past the
+    /// deployment's own limits.
     fn start_call(
         &mut self,
         now: i64,
@@ -345,6 +383,7 @@ impl<'a, S: Store> Sim<'a, S> {
         attempt: u32,
         max_output: u64,
         worker: Option<u32>,
+        deployment: Option<&str>,
     ) {
         let a = self.arrival(op);
         if !self.ops[op as usize].started {
@@ -356,19 +395,49 @@ impl<'a, S: Store> Sim<'a, S> {
             kind: "rate_limited",
             retry_after_ms: Some(p.failures.rate_limited_retry_after_ms),
         };
+        let refused_at = now + p.failures.fail_after_ms as i64;
         if self.in_flight >= p.concurrency {
-            let (end, call) = (now + p.failures.fail_after_ms as i64, rate_limited);
-            self.push(
-                end,
-                Event::CallEnd {
-                    op,
-                    attempt,
-                    worker,
-                    held: false,
-                    call,
-                },
-            );
+            let end = Event::CallEnd {
+                op,
+                attempt,
+                worker,
+                held: false,
+                deployment: None,
+                limits: None,
+                call: rate_limited,
+            };
+            self.push(refused_at, end);
             return;
+        }
+        let to = deployment.and_then(|n| self.deployments.iter().position(|d| d.name == n));
+        let mut limits = None;
+        if let Some(i) = to {
+            let tokens = a.input_tokens + max_output;
+            let busy = p.failures.rate_limited_retry_after_ms;
+            self.books.deployment_sent(i);
+            match self.deployments[i].take(now, tokens, busy) {
+                Taken::Yes(said) => {
+                    limits = said;
+                    self.books
+                        .deployment_in_flight(i, self.deployments[i].in_flight);
+                }
+                Taken::RateLimited(wait, said) => {
+                    let end = Event::CallEnd {
+                        op,
+                        attempt,
+                        worker,
+                        held: false,
+                        deployment: Some((i, false)),
+                        limits: said,
+                        call: Call::Failed {
+                            kind: "rate_limited",
+                            retry_after_ms: Some(wait),
+                        },
+                    };
+                    self.push(refused_at, end);
+                    return;
+                }
+            }
         }
         self.in_flight += 1;
         let output_tokens = (max_output as f64 * p.output_fraction).round() as u64;
@@ -379,7 +448,9 @@ impl<'a, S: Store> Sim<'a, S> {
             Distribution::Uniform => mean * (0.5 + self.provider.unit()),
         };
         let service = (service.round() as i64).max(1);
-        let f = &p.failures;
+        let f = to
+            .and_then(|i| self.deployments[i].failures.as_ref())
+            .unwrap_or(&p.failures);
         let u = self.provider.unit();
         let (after, call) = if u < f.unknown {
             (service, Call::Unknown { output_tokens })
@@ -394,33 +465,37 @@ impl<'a, S: Store> Sim<'a, S> {
         } else {
             (service, Call::Succeeded { output_tokens })
         };
-        self.push(
-            now + after,
-            Event::CallEnd {
-                op,
-                attempt,
-                worker,
-                held: true,
-                call,
-            },
-        );
+        let end = Event::CallEnd {
+            op,
+            attempt,
+            worker,
+            held: true,
+            deployment: to.map(|i| (i, true)),
+            limits,
+            call,
+        };
+        self.push(now + after, end);
     }
 
-    fn call_end(
-        &mut self,
-        now: i64,
-        op: u32,
-        attempt: u32,
-        worker: Option<u32>,
-        held: bool,
-        call: Call,
-    ) {
-        if held {
+    fn call_end(&mut self, now: i64, op: u32, attempt: u32, sent: Sent, call: Call) {
+        if sent.held {
             self.in_flight -= 1;
         }
-        if let Some(w) = worker {
+        if let Some(w) = sent.worker {
             self.worker_busy[w as usize] -= 1;
         }
+        if let Some((i, held)) = sent.deployment {
+            if held {
+                self.deployments[i].in_flight -= 1;
+            }
+            let kind = match call {
+                Call::Succeeded { .. } => "succeeded",
+                Call::Failed { kind, .. } => kind,
+                Call::Unknown { .. } => "unknown",
+            };
+            self.books.deployment_ended(i, kind);
+        }
+        let worker = sent.worker;
         let a = self.arrival(op);
         let (result, usage, failure, retry_after) = match call {
             Call::Succeeded { output_tokens } => (
@@ -451,7 +526,7 @@ impl<'a, S: Store> Sim<'a, S> {
             worker: worker.map(|w| self.worker_names[w as usize].clone()),
             attempt: Some(attempt),
             answer: None,
-            provider_limits: None,
+            provider_limits: sent.limits,
         };
         let answer = self.pending.complete(completion, now);
         self.thens.push(Then::Completed {
@@ -568,7 +643,8 @@ impl<'a, S: Store> Sim<'a, S> {
                 continue;
             };
             self.worker_busy[w as usize] += 1;
-            self.start_call(now, op, claim.attempt, claim.max_output_tokens, Some(w));
+            let tokens = claim.max_output_tokens;
+            self.start_call(now, op, claim.attempt, tokens, Some(w), None);
         }
     }
 
@@ -631,7 +707,7 @@ impl<'a, S: Store> Sim<'a, S> {
                 self.books.pending_at_end(a.tenant, a.deadline_ms < end);
             }
         }
-        let (tallies, overall, series) = self.books.finish(Ending {
+        let (tallies, overall, deployments, series) = self.books.finish(Ending {
             weights: &self.weights,
             engine_calls: self.engine_calls,
         });
@@ -644,6 +720,7 @@ impl<'a, S: Store> Sim<'a, S> {
                 duration_ms: self.sim.duration_ms,
                 tenants,
                 overall,
+                deployments,
             },
             series,
             tenants: self.load.tenants.clone(),

@@ -21,6 +21,9 @@ pub struct Series {
     pub expired: Vec<Vec<u64>>,
     /// Provider calls in flight at each sample.
     pub occupancy: Vec<u32>,
+    /// Calls sent to each simulated deployment since the previous sample, by name.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub deployment_sent: BTreeMap<String, Vec<u64>>,
     /// Whether each tenant had unserved demand (queued, or refused since the last sample).
     #[serde(skip)]
     pub backlogged: Vec<Vec<bool>>,
@@ -108,6 +111,26 @@ pub struct Summary {
     pub tenants: BTreeMap<String, TenantSummary>,
     /// Across tenants.
     pub overall: Overall,
+    /// Per simulated deployment (the provider's `deployments`), by name.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub deployments: BTreeMap<String, DeploymentSummary>,
+}
+
+/// One simulated deployment in `summary.json`: what was sent to it and how it answered.
+#[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
+pub struct DeploymentSummary {
+    /// Calls sent to it.
+    pub sent: u64,
+    /// Calls it served.
+    pub succeeded: u64,
+    /// Calls it refused with 429: past its own limits, or by its failure draw.
+    pub rate_limited: u64,
+    /// Calls that failed otherwise (5xx).
+    pub failed: u64,
+    /// Calls whose outcome was lost.
+    pub unknown: u64,
+    /// The most calls it served at once.
+    pub peak_in_flight: u32,
 }
 
 /// Totals and fairness across tenants.
