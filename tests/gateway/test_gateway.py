@@ -107,7 +107,7 @@ class Gateway(unittest.TestCase):
     def stub_calls(self, content):
         with urllib.request.urlopen(f"http://127.0.0.1:{self.stub.server_address[1]}/_calls") as r:
             calls = json.loads(r.read())
-        return [c for c in calls if c["body"]["messages"][-1]["content"] == content]
+        return [c for c in calls if stub_upstream.content_of(c["body"]) == content]
 
     def operation(self, key, tenant="acme"):
         return self.get(f"/v1/operations/{key}", KEYS[tenant])
@@ -360,6 +360,107 @@ class Gateway(unittest.TestCase):
         stream.close()
         self.wait_for_state("leaver", "acme", "succeeded")
 
+    def tokens_left(self, tenant):
+        return self.inspect()["buckets"][f"tenant.{tenant}.tokens"]
+
+    def test_a_responses_call_reserves_its_output_limit_and_books_its_usage(self):
+        before = self.tokens_left("globex")
+        raw = self.client("globex").responses.with_raw_response.create(
+            model=MODEL, input="responses plain", instructions="be brief", max_output_tokens=40,
+            extra_headers={"Idempotency-Key": "resp-1"})
+        answer = raw.parse()
+        self.assertEqual(answer.output_text, stub_upstream.ANSWER)
+        self.assertEqual(answer.usage.input_tokens, stub_upstream.PROMPT_TOKENS)
+        self.assertEqual(before - self.tokens_left("globex"),
+                         stub_upstream.PROMPT_TOKENS + stub_upstream.COMPLETION_TOKENS)
+        op = self.operation("resp-1", "globex")[1]
+        self.assertEqual(op["state"], "succeeded")
+        self.assertEqual(op["usage"], {"input_tokens": stub_upstream.PROMPT_TOKENS,
+                                       "output_tokens": stub_upstream.COMPLETION_TOKENS})
+        self.assertEqual(op["max_output_tokens"], 40)
+        self.assertIn("x-ratelimit-remaining-tokens", raw.headers)
+        call = self.stub_calls("responses plain")[-1]
+        self.assertEqual(call["path"], "/v1/responses")
+        self.assertEqual(call["authorization"], "Bearer upstream-secret")
+        self.assertEqual(call["body"]["max_output_tokens"], 40)
+        # No limit given: the model's default is reserved and written upstream.
+        self.client().responses.create(model=MODEL, input="responses default")
+        self.assertEqual(self.stub_calls("responses default")[-1]["body"]["max_output_tokens"], 64)
+        # The stored response, read and deleted with the caller's key only.
+        self.assertEqual(self.client().responses.retrieve(answer.id).output_text,
+                         stub_upstream.ANSWER)
+        self.client().responses.delete(answer.id)
+        with self.assertRaises(openai.NotFoundError):
+            self.client().responses.retrieve(answer.id)
+        with self.assertRaises(openai.AuthenticationError):
+            openai.OpenAI(api_key="wrong", base_url=self.base + "/v1").responses.retrieve("resp_1")
+        # A repeat with the same key is its answer again, not a second call.
+        again = self.client("globex").responses.with_raw_response.create(
+            model=MODEL, input="responses plain", instructions="be brief", max_output_tokens=40,
+            extra_headers={"Idempotency-Key": "resp-1"})
+        self.assertEqual(again.headers.get("x-tollgate-replayed"), "true")
+        self.assertEqual(again.parse().id, answer.id)
+        self.assertEqual(len(self.stub_calls("responses plain")), 1)
+
+    def test_a_responses_stream_passes_its_events_and_books_the_completed_usage(self):
+        before = self.tokens_left("globex")
+        events = list(self.client("globex").responses.create(
+            model=MODEL, input="responses stream", stream=True,
+            extra_headers={"Idempotency-Key": "resp-s1"}))
+        types = [e.type for e in events]
+        self.assertEqual((types[0], types[-1]), ("response.created", "response.completed"))
+        text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+        self.assertEqual(text, stub_upstream.ANSWER)
+        op = self.wait_for_state("resp-s1", "globex", "succeeded")
+        self.assertEqual(op["usage"], {"input_tokens": stub_upstream.PROMPT_TOKENS,
+                                       "output_tokens": stub_upstream.COMPLETION_TOKENS})
+        self.assertEqual(before - self.tokens_left("globex"),
+                         stub_upstream.PROMPT_TOKENS + stub_upstream.COMPLETION_TOKENS)
+        # No chat options are added to a Responses stream.
+        self.assertNotIn("stream_options", self.stub_calls("responses stream")[-1]["body"])
+
+    def test_a_responses_stream_cut_midway_is_unknown_and_ends_with_an_error_event(self):
+        events = list(self.client().responses.create(
+            model=MODEL, input="drop responses", stream=True,
+            extra_headers={"Idempotency-Key": "resp-d1"}))
+        self.assertEqual(events[-1].type, "error")
+        self.assertEqual(events[-1].code, "unknown_outcome")
+        self.wait_for_state("resp-d1", "acme", "unknown")
+        self.assertEqual(len(self.stub_calls("drop responses")), 1, "never retried")
+
+    def test_embeddings_are_counted_exactly_and_book_the_reported_usage(self):
+        before = self.tokens_left("globex")
+        raw = self.client("globex").embeddings.with_raw_response.create(
+            model=MODEL, input=["one two", "three"], extra_headers={"Idempotency-Key": "emb-1"})
+        answer = raw.parse()
+        self.assertEqual([d.index for d in answer.data], [0, 1])
+        self.assertAlmostEqual(answer.data[1].embedding[0], 0.5)
+        reported = 3
+        self.assertEqual(answer.usage.prompt_tokens, reported)
+        op = self.operation("emb-1", "globex")[1]
+        self.assertEqual(op["usage"], {"input_tokens": reported, "output_tokens": 0})
+        # Counted with o200k_base before the call: "one two" 2 tokens, "three" 1, and the
+        # one output token an admission holds.
+        self.assertEqual(op["reserved_tokens"], 3 + 1)
+        # The one output token returns: what is spent is what the provider reported.
+        self.assertEqual(before - self.tokens_left("globex"), reported)
+        call = [c for c in self.stub_calls("one two") if c["path"] == "/v1/embeddings"][-1]
+        self.assertEqual(call["authorization"], "Bearer upstream-secret")
+        self.assertNotIn("max_tokens", call["body"])
+        # Token arrays count by their length.
+        self.client("globex").embeddings.create(
+            model=MODEL, input=[[1, 2, 3], [4, 5]], extra_headers={"Idempotency-Key": "emb-2"})
+        self.assertEqual(self.operation("emb-2", "globex")[1]["reserved_tokens"], 5 + 1)
+        with self.assertRaises(openai.BadRequestError):
+            self.client().embeddings.create(model=MODEL, input=[])
+        # An input its tenant's tokens can never hold is refused before the upstream,
+        # saying so.
+        with self.assertRaises(openai.APIStatusError) as caught:
+            self.client("tight", max_retries=0).embeddings.create(
+                model=MODEL, input=["word " * 200])
+        self.assertEqual(caught.exception.status_code, 413)
+        self.assertIn("tenant.tight.tokens", caught.exception.message)
+        self.assertEqual([c for c in self.stub_calls("word " * 200)], [])
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)

@@ -4,12 +4,13 @@
 //! caller.
 
 use super::completion::{finish, Ending};
+use super::dialect::CallLimit;
 use super::openai;
 use super::replay;
-use super::sse::{self, Splitter};
+use super::sse::Splitter;
 use super::upstream::{self, Sent};
 use super::Shared;
-use super::{ChatCall, DeploymentRoute, Gateway, MAX_ANSWER_BYTES};
+use super::{DeploymentRoute, Gateway, GatewayCall, MAX_ANSWER_BYTES};
 use crate::http::AppState;
 use axum::body::{Body, Bytes};
 use axum::http::{header, HeaderMap, HeaderValue, Request, StatusCode};
@@ -22,7 +23,7 @@ use tollgate::model::CallResult;
 use tollgate::reason::{Outcome, Reason};
 
 /// Runs the call to its end and answers the caller.
-pub async fn run(s: Shared, call: ChatCall) -> Response {
+pub async fn run(s: Shared, call: GatewayCall) -> Response {
     let g = &s.gateway;
     let mut attempts = 0;
     loop {
@@ -97,7 +98,7 @@ pub async fn run(s: Shared, call: ChatCall) -> Response {
                 };
                 let usage = serde_json::from_slice::<Value>(&body)
                     .ok()
-                    .and_then(|v| sse::usage_of(&v));
+                    .and_then(|v| call.dialect.usage_of(&v));
                 let mut response = Response::new(Body::from(body.clone()));
                 response.headers_mut().insert(
                     header::CONTENT_TYPE,
@@ -157,7 +158,7 @@ pub async fn run(s: Shared, call: ChatCall) -> Response {
 /// The decision, and the tenant's buckets after it (one writer job).
 async fn admit(
     s: &AppState,
-    call: &ChatCall,
+    call: &GatewayCall,
 ) -> Result<(Decision, Option<TenantLevels>), openai::ApiError> {
     let admitted = s
         .writer
@@ -224,7 +225,7 @@ impl Routed {
 /// serves), and the model's name to send.
 fn target<'g>(
     g: &'g Gateway,
-    call: &ChatCall,
+    call: &GatewayCall,
     decision: &Decision,
 ) -> Option<(&'g DeploymentRoute, Option<&'g str>)> {
     let model = decision.served_model.as_deref().unwrap_or(&call.model);
@@ -234,31 +235,27 @@ fn target<'g>(
     Some((d, fallback))
 }
 
-/// The request sent upstream: the caller's body with the deployment's model name (or the
-/// fallback model's), the plan's output limit, and the usage chunk asked for on streams;
-/// the upstream's key.
+/// The request sent upstream, to the dialect's path at the deployment's upstream: the
+/// caller's body with the deployment's model name (or the fallback model's), the plan's
+/// output limit, and the usage chunk asked for on chat streams; the upstream's key.
 fn upstream_request(
     (route, fallback): (&DeploymentRoute, Option<&str>),
-    call: &ChatCall,
+    call: &GatewayCall,
     decision: &Decision,
 ) -> Request<Full<Bytes>> {
     let mut body = call.body.clone();
     if let Some(m) = route.upstream_model.as_deref().or(fallback) {
         body.insert("model".into(), json!(m));
     }
-    let planned = decision
-        .max_output_tokens
-        .unwrap_or(call.request.max_output_tokens);
-    body.insert(call.limit_field.into(), json!(planned));
-    if call.stream {
-        let options = body.entry("stream_options").or_insert_with(|| json!({}));
-        if let Value::Object(o) = options {
-            o.insert("include_usage".into(), json!(true));
-        } else {
-            *options = json!({"include_usage": true});
-        }
-    }
-    let mut request = Request::post(&route.url)
+    let limit = CallLimit {
+        field: call.limit_field,
+        planned: decision
+            .max_output_tokens
+            .unwrap_or(call.request.max_output_tokens),
+    };
+    call.dialect.prepare(&mut body, &limit, call.stream);
+    let url = format!("{}/{}", route.base_url, call.dialect.path());
+    let mut request = Request::post(&url)
         .header(header::CONTENT_TYPE, "application/json")
         .header(
             header::ACCEPT,
@@ -284,7 +281,7 @@ fn deadline_instant(s: &AppState, deadline_ms: i64) -> tokio::time::Instant {
 /// The outcome is unknown: recorded so (the slot stays held), answered 502.
 async fn lost(
     s: &Shared,
-    call: &ChatCall,
+    call: &GatewayCall,
     attempt: u32,
     why: &str,
     levels: Option<&TenantLevels>,
@@ -413,14 +410,14 @@ fn decorate(response: &mut Response, levels: Option<&TenantLevels>, decision: &D
     }
 }
 
-fn count(s: &AppState, call: &ChatCall, outcome: &str) {
+fn count(s: &AppState, call: &GatewayCall, outcome: &str) {
     s.metrics
         .gateway_calls
         .with_label_values(&[&call.tenant, &call.model, outcome])
         .inc();
 }
 
-fn observe(histogram: &prometheus::HistogramVec, call: &ChatCall, started: Instant) {
+fn observe(histogram: &prometheus::HistogramVec, call: &GatewayCall, started: Instant) {
     histogram
         .with_label_values(&[&call.model])
         .observe(started.elapsed().as_secs_f64());
@@ -430,7 +427,7 @@ fn observe(histogram: &prometheus::HistogramVec, call: &ChatCall, started: Insta
 /// and completes the operation with the usage of its last chunk.
 fn stream(
     s: Shared,
-    call: ChatCall,
+    call: GatewayCall,
     (decision, sent): (Decision, Routed),
     levels: Option<TenantLevels>,
     upstream: axum::http::Response<hyper::body::Incoming>,
@@ -461,7 +458,7 @@ fn stream(
         // The events as the caller gets them, kept for a repeat while within the bound.
         let mut kept: Option<Vec<u8>> = call.replay.map(|_| Vec::new());
         let mut body = upstream.into_body();
-        let mut splitter = Splitter::default();
+        let mut splitter = Splitter::new(call.dialect);
         let (mut usage, mut done, mut first) = (None, false, true);
         let mut caller_here = true;
         let failure: Option<String> = loop {
@@ -520,13 +517,12 @@ fn stream(
                 count(&s, &call, "succeeded");
             }
             failure => {
-                let why = failure.unwrap_or_else(|| "the stream ended without [DONE]".into());
+                let why = failure.unwrap_or_else(|| "the stream ended before its end".into());
                 tracing::warn!(tenant = %call.tenant, key = %call.key, attempt, why, "upstream stream cut off: outcome unknown");
                 finish(&s, &call, attempt, Ending::of(CallResult::Unknown)).await;
                 count(&s, &call, "unknown");
-                let error = json!({"error": {"message": "the upstream stream was cut off; the outcome is unknown and the call is not retried",
-                                             "type": "api_error", "code": "unknown_outcome"}});
-                let _ = tx.send(Ok(Bytes::from(format!("data: {error}\n\n")))).await;
+                let error = call.dialect.cut_off_event();
+                let _ = tx.send(Ok(Bytes::from(error))).await;
             }
         }
     });

@@ -8,7 +8,7 @@
 //! A kept completion lives in this process: one cut short by a restart, or still refused
 //! past `limits.max_call_ms`, is left to the sweep, which makes the operation `unknown`.
 
-use super::ChatCall;
+use super::GatewayCall;
 use super::Shared;
 use std::time::Duration;
 use tollgate::engine::{Completion, CompletionAnswer, ProviderLimits, SavedAnswer};
@@ -49,7 +49,7 @@ impl Ending {
 /// the verdict is unknown) or did not apply it.
 pub async fn finish(
     s: &Shared,
-    call: &ChatCall,
+    call: &GatewayCall,
     attempt: u32,
     ending: Ending,
 ) -> Option<RetryVerdict> {

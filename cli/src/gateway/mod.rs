@@ -1,5 +1,6 @@
-//! Gateway mode: `POST /v1/chat/completions` and `GET /v1/models` in OpenAI's shape, so
-//! that an OpenAI SDK pointed at tollgate gets its limits applied (`docs/gateway.md`).
+//! Gateway mode: `POST /v1/chat/completions`, `POST /v1/responses`, `POST /v1/embeddings`
+//! and `GET /v1/models` in OpenAI's shape, so that an OpenAI SDK pointed at tollgate gets its
+//! limits applied (`docs/gateway.md`); what differs between the dialects is in `dialect`.
 //!
 //! A call is admitted by the engine before anything goes upstream (the prompt counted with
 //! the model's tokenizer), sent to the model's upstream with the upstream's key (never the
@@ -9,7 +10,9 @@
 
 mod call;
 mod completion;
+mod dialect;
 mod openai;
+mod passthrough;
 mod replay;
 mod sse;
 mod tokens;
@@ -28,6 +31,7 @@ use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
 use tollgate::config::{ConfigFile, GatewayConfig, Role};
 
+use dialect::Dialect;
 use openai::ApiError;
 pub use upstream::HttpClient;
 
@@ -41,8 +45,8 @@ struct ModelRoute {
 
 /// Where one deployment sends a call.
 struct DeploymentRoute {
-    /// The upstream's chat completions URL.
-    url: String,
+    /// The upstream's base URL, without a trailing `/` (a dialect's path follows it).
+    base_url: String,
     /// The upstream's key, read from its environment variable at start.
     api_key: Option<String>,
     /// The model's name at this deployment, when it differs.
@@ -52,6 +56,8 @@ struct DeploymentRoute {
 /// The gateway's state, built once at start.
 pub struct Gateway {
     models: BTreeMap<String, ModelRoute>,
+    /// Every upstream's base URL and key, in name order (for calls that name no model).
+    upstreams: Vec<(String, Option<String>)>,
     client: HttpClient,
     default_timeout_ms: u64,
     max_attempts: u32,
@@ -95,10 +101,7 @@ impl Gateway {
                     .map(|d| {
                         let upstream = &g.upstreams[&d.upstream];
                         let route = DeploymentRoute {
-                            url: format!(
-                                "{}/chat/completions",
-                                upstream.base_url.trim_end_matches('/')
-                            ),
+                            base_url: upstream.base_url.trim_end_matches('/').to_string(),
                             api_key: keys[&d.upstream].clone(),
                             upstream_model: d.upstream_model.clone(),
                         };
@@ -116,8 +119,17 @@ impl Gateway {
                 (name.clone(), route)
             })
             .collect();
+        let upstreams = g
+            .upstreams
+            .iter()
+            .map(|(name, u)| {
+                let base = u.base_url.trim_end_matches('/').to_string();
+                (base, keys[name].clone())
+            })
+            .collect();
         Ok(Gateway {
             models,
+            upstreams,
             client: upstream::client(),
             default_timeout_ms: g.default_timeout_ms,
             max_attempts: g.max_attempts,
@@ -153,6 +165,12 @@ pub type Shared = std::sync::Arc<GatewayState>;
 pub fn router(state: Shared) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/responses", post(responses))
+        .route(
+            "/v1/responses/{id}",
+            get(passthrough::response).delete(passthrough::response),
+        )
+        .route("/v1/embeddings", post(embeddings))
         .route("/v1/models", get(models))
         .with_state(state)
 }
@@ -187,17 +205,19 @@ async fn models(State(s): State<Shared>, headers: HeaderMap) -> Response {
     axum::Json(json!({"object": "list", "data": data})).into_response()
 }
 
-/// One chat completion, as the caller asked for it.
-pub(crate) struct ChatCall {
+/// One call of any dialect, as the caller asked for it.
+pub(crate) struct GatewayCall {
     tenant: String,
     model: String,
     key: String,
     deadline_ms: i64,
+    /// Chat completions, Responses or embeddings.
+    dialect: Dialect,
     /// The caller's body, to be sent upstream (with the plan's limit and the upstream's
     /// model name written in).
     body: Map<String, Value>,
-    /// Which field carries the output limit upstream.
-    limit_field: &'static str,
+    /// Which field carries the output limit upstream (none: the dialect has no output).
+    limit_field: Option<&'static str>,
     stream: bool,
     /// Whether the caller asked for the usage chunk of a stream.
     caller_wants_usage: bool,
@@ -208,11 +228,24 @@ pub(crate) struct ChatCall {
 }
 
 async fn chat_completions(State(s): State<Shared>, headers: HeaderMap, body: Body) -> Response {
+    serve(s, headers, body, Dialect::Chat).await
+}
+
+async fn responses(State(s): State<Shared>, headers: HeaderMap, body: Body) -> Response {
+    serve(s, headers, body, Dialect::Responses).await
+}
+
+async fn embeddings(State(s): State<Shared>, headers: HeaderMap, body: Body) -> Response {
+    serve(s, headers, body, Dialect::Embeddings).await
+}
+
+/// One call of `dialect`: the caller known, its body read and admitted, sent, completed.
+async fn serve(s: Shared, headers: HeaderMap, body: Body, dialect: Dialect) -> Response {
     let tenant = match caller(&s, &headers) {
         Ok(t) => t,
         Err(e) => return e.into_response(),
     };
-    let call = match read_call(&s, &headers, body, tenant.clone()).await {
+    let call = match read_call(&s, &headers, body, tenant.clone(), dialect).await {
         Ok(c) => c,
         Err(e) => {
             // The tenant is known: its rate-limit headers go with the refusal too.
@@ -238,7 +271,8 @@ async fn read_call(
     headers: &HeaderMap,
     body: Body,
     tenant: String,
-) -> Result<ChatCall, ApiError> {
+    dialect: Dialect,
+) -> Result<GatewayCall, ApiError> {
     let g = &s.gateway;
     let limit = s.engine.config().max_request_bytes;
     let bytes: Bytes = read_body(headers, body, limit)
@@ -260,37 +294,7 @@ async fn read_call(
             format!("the model `{model}` does not exist or is not served here"),
         ));
     };
-    let messages = match body.get("messages") {
-        Some(Value::Array(m)) if !m.is_empty() => m,
-        _ => return Err(invalid("`messages` must be a non-empty array")),
-    };
-    let positive = |name: &str| match body.get(name) {
-        None | Some(Value::Null) => Ok(None),
-        Some(v) => match v.as_u64() {
-            Some(n) if n >= 1 => Ok(Some(n)),
-            _ => Err(invalid(&format!("`{name}` must be a positive integer"))),
-        },
-    };
-    let (limit_field, max_output) =
-        match (positive("max_completion_tokens")?, positive("max_tokens")?) {
-            (Some(n), _) => ("max_completion_tokens", n),
-            (None, Some(n)) => ("max_tokens", n),
-            (None, None) => ("max_completion_tokens", route.default_max_output_tokens),
-        };
-    // Several choices would multiply the output past what was reserved for one.
-    if positive("n")?.is_some_and(|n| n > 1) {
-        return Err(invalid("`n` above 1 is not served through the gateway"));
-    }
-    let stream = match body.get("stream") {
-        None | Some(Value::Null) => false,
-        Some(Value::Bool(b)) => *b,
-        Some(_) => return Err(invalid("`stream` must be a boolean")),
-    };
-    let caller_wants_usage = body
-        .get("stream_options")
-        .and_then(|o| o.get("include_usage"))
-        .and_then(Value::as_bool)
-        .unwrap_or(false);
+    let shape = dialect.read(&body, &route.counter, route.default_max_output_tokens)?;
     let replay = g.replay.filter(|_| headers.contains_key("idempotency-key"));
     let key = match headers.get("idempotency-key") {
         None => fresh_key(),
@@ -322,13 +326,18 @@ async fn read_call(
         }
     };
     let deadline_ms = s.clock.now_ms() + timeout_ms as i64;
-    let input_tokens = route.counter.prompt(messages, body.get("tools")).max(1);
+    let input_tokens = shape.input_tokens.max(1);
+    // The same key with another body is a conflict, on another route too; a chat call's
+    // fingerprint is as earlier releases wrote it, so a repeat after an upgrade is the same.
+    let fingerprint = match dialect {
+        Dialect::Chat => format!("gateway:{}", sha256_hex(&bytes)),
+        other => format!("gateway:{}:{}", other.path(), sha256_hex(&bytes)),
+    };
     let mut admission = json!({
         "tenant": tenant, "key": key, "route": "interactive",
-        "input_tokens": input_tokens, "max_output_tokens": max_output,
+        "input_tokens": input_tokens, "max_output_tokens": shape.max_output,
         "deadline_ms": deadline_ms, "size_bytes": bytes.len(), "priority": priority,
-        // The same key with another body is a conflict; with the same body, the same call.
-        "fingerprint": format!("gateway:{}", sha256_hex(&bytes)),
+        "fingerprint": fingerprint,
     });
     // The same name as the top-level `models` section's: its budgets apply, and policies
     // see which model a call is for.
@@ -351,15 +360,16 @@ async fn read_call(
             format!("the request cannot be admitted: {e}"),
         )
     })?;
-    Ok(ChatCall {
+    Ok(GatewayCall {
         tenant,
         model,
         key,
         deadline_ms,
+        dialect,
         body,
-        limit_field,
-        stream,
-        caller_wants_usage,
+        limit_field: shape.limit_field,
+        stream: shape.stream,
+        caller_wants_usage: shape.caller_wants_usage,
         request,
         replay,
     })

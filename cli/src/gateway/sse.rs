@@ -1,8 +1,8 @@
 //! Server-sent events as an OpenAI stream carries them: the upstream's bytes are cut into
-//! whole events (each passed on unchanged, as soon as it is complete) and each is read for
-//! the one thing the gateway needs, the final usage chunk.
+//! whole events (each passed on unchanged, as soon as it is complete) and each is read, as
+//! its dialect says, for the one thing the gateway needs: the usage, and the regular end.
 
-use serde_json::Value;
+use super::dialect::Dialect;
 use tollgate::model::Usage;
 
 /// Longest event the splitter holds while waiting for its end: a stream that never ends an
@@ -10,8 +10,8 @@ use tollgate::model::Usage;
 pub const MAX_EVENT_BYTES: usize = 4 << 20;
 
 /// Cuts a byte stream into events.
-#[derive(Default)]
 pub struct Splitter {
+    dialect: Dialect,
     pending: Vec<u8>,
 }
 
@@ -19,7 +19,7 @@ pub struct Splitter {
 pub struct Event {
     /// The event's bytes, its blank line included.
     pub raw: Vec<u8>,
-    /// `data: [DONE]`: the stream's regular end.
+    /// The stream's regular end (`data: [DONE]`, `response.completed`).
     pub done: bool,
     /// The usage the event reports, if any.
     pub usage: Option<Usage>,
@@ -28,6 +28,14 @@ pub struct Event {
 }
 
 impl Splitter {
+    /// A splitter for a stream of `dialect`.
+    pub fn new(dialect: Dialect) -> Self {
+        Splitter {
+            dialect,
+            pending: Vec::new(),
+        }
+    }
+
     /// Adds bytes; returns the events they complete. `Err` when one event is over
     /// [`MAX_EVENT_BYTES`].
     pub fn push(&mut self, bytes: &[u8]) -> Result<Vec<Event>, String> {
@@ -35,7 +43,7 @@ impl Splitter {
         let mut events = Vec::new();
         while let Some(end) = event_end(&self.pending) {
             let raw: Vec<u8> = self.pending.drain(..end).collect();
-            events.push(Event::read(raw));
+            events.push(Event::read(raw, self.dialect));
         }
         if self.pending.len() > MAX_EVENT_BYTES {
             return Err(format!("an upstream event over {MAX_EVENT_BYTES} bytes"));
@@ -64,7 +72,7 @@ fn event_end(bytes: &[u8]) -> Option<usize> {
 }
 
 impl Event {
-    fn read(raw: Vec<u8>) -> Event {
+    fn read(raw: Vec<u8>, dialect: Dialect) -> Event {
         let text = String::from_utf8_lossy(&raw);
         let data: String = text
             .lines()
@@ -72,31 +80,14 @@ impl Event {
             .map(str::trim_start)
             .collect::<Vec<_>>()
             .join("\n");
-        let mut event = Event {
-            done: data.trim() == "[DONE]",
-            usage: None,
-            usage_only: false,
+        let (done, usage, usage_only) = dialect.read_event(&data);
+        Event {
+            done,
+            usage,
+            usage_only,
             raw,
-        };
-        if let Ok(chunk) = serde_json::from_str::<Value>(&data) {
-            event.usage = usage_of(&chunk);
-            event.usage_only = event.usage.is_some()
-                && chunk
-                    .get("choices")
-                    .and_then(Value::as_array)
-                    .is_some_and(Vec::is_empty);
         }
-        event
     }
-}
-
-/// The `usage` object of an answer or chunk (`prompt_tokens`, `completion_tokens`).
-pub fn usage_of(body: &Value) -> Option<Usage> {
-    let usage = body.get("usage")?;
-    Some(Usage {
-        input_tokens: usage.get("prompt_tokens")?.as_u64()?,
-        output_tokens: usage.get("completion_tokens")?.as_u64()?,
-    })
 }
 
 #[cfg(test)]
@@ -110,7 +101,7 @@ mod tests {
             "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":2}}\r\n\r\n",
             "data: [DONE]\n\n"
         );
-        let mut s = Splitter::default();
+        let mut s = Splitter::new(Dialect::Chat);
         let mut events = Vec::new();
         // Byte by byte: an event is given only once it is whole.
         for b in stream.as_bytes() {
@@ -129,8 +120,32 @@ mod tests {
 
     #[test]
     fn an_event_that_never_ends_is_bounded() {
-        let mut s = Splitter::default();
+        let mut s = Splitter::new(Dialect::Chat);
         let big = vec![b'x'; MAX_EVENT_BYTES + 1];
         assert!(s.push(&big).is_err());
+    }
+
+    #[test]
+    fn a_responses_stream_ends_with_its_completed_event_and_its_usage() {
+        let stream = concat!(
+            "event: response.created\n",
+            "data: {\"type\":\"response.created\",\"response\":{\"id\":\"resp_1\",\"usage\":null}}\n\n",
+            "event: response.output_text.delta\n",
+            "data: {\"type\":\"response.output_text.delta\",\"delta\":\"Hi\"}\n\n",
+            "event: response.completed\n",
+            "data: {\"type\":\"response.completed\",\"response\":{\"id\":\"resp_1\",",
+            "\"usage\":{\"input_tokens\":9,\"output_tokens\":2}}}\n\n",
+        );
+        let mut s = Splitter::new(Dialect::Responses);
+        let mut events = Vec::new();
+        for b in stream.as_bytes() {
+            events.extend(s.push(&[*b]).unwrap());
+        }
+        assert_eq!(events.len(), 3);
+        assert!(!events[0].done && events[0].usage.is_none());
+        assert!(!events[1].done);
+        let u = events[2].usage.unwrap();
+        assert!(events[2].done && !events[2].usage_only);
+        assert_eq!((u.input_tokens, u.output_tokens), (9, 2));
     }
 }

@@ -32,7 +32,8 @@ impl Counter {
         }
     }
 
-    fn text(&self, text: &str) -> u64 {
+    /// The tokens of one text, with no framing.
+    pub fn text(&self, text: &str) -> u64 {
         match self {
             Counter::Bpe(bpe) => bpe.encode_with_special_tokens(text).len() as u64,
             Counter::Estimate(rate) => (text.len() as f64 / rate).ceil() as u64,
@@ -65,13 +66,42 @@ impl Counter {
         total
     }
 
+    /// The prompt tokens of a Responses call: `instructions` as a system message, `input`
+    /// as one user message when a string, else each item as a message (its `content`
+    /// string or parts counted, other fields as chat counts them), and `tools`.
+    pub fn responses_input(
+        &self,
+        input: Option<&Value>,
+        instructions: Option<&str>,
+        tools: Option<&Value>,
+    ) -> u64 {
+        let mut messages = Vec::new();
+        if let Some(i) = instructions {
+            messages.push(serde_json::json!({"role": "system", "content": i}));
+        }
+        match input {
+            Some(Value::String(s)) => {
+                messages.push(serde_json::json!({"role": "user", "content": s}))
+            }
+            Some(Value::Array(items)) => messages.extend(items.iter().cloned()),
+            _ => {}
+        }
+        self.prompt(&messages, tools)
+    }
+
     fn value(&self, value: &Value) -> u64 {
         match value {
             Value::String(s) => self.text(s),
             Value::Array(parts) => parts
                 .iter()
                 .map(|part| match part.get("text").and_then(Value::as_str) {
-                    Some(text) if part.get("type").and_then(Value::as_str) == Some("text") => {
+                    // Chat's `text` parts; Responses' `input_text` and `output_text`.
+                    Some(text)
+                        if matches!(
+                            part.get("type").and_then(Value::as_str),
+                            Some("text" | "input_text" | "output_text")
+                        ) =>
+                    {
                         self.text(text)
                     }
                     _ => self.text(&part.to_string()),
