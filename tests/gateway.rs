@@ -66,3 +66,8 @@ fn the_openai_sdk_through_the_gateway() {
 fn deployments_reserved_ejected_learned_and_fallen_back_on() {
     suite("test_deployments.py", 5);
 }
+
+#[test]
+fn the_anthropic_sdk_through_the_gateway() {
+    suite("test_anthropic.py", 8);
+}

@@ -18,6 +18,7 @@ use axum::response::Response;
 use http_body_util::{BodyExt, Full};
 use serde_json::{json, Value};
 use std::time::Instant;
+use tollgate::config::UpstreamKind;
 use tollgate::engine::{Decision, TenantLevels};
 use tollgate::model::CallResult;
 use tollgate::reason::{Outcome, Reason};
@@ -265,8 +266,15 @@ fn upstream_request(
                 "application/json"
             },
         );
-    if let Some(k) = &route.api_key {
-        request = request.header(header::AUTHORIZATION, format!("Bearer {k}"));
+    match (route.kind, &route.api_key) {
+        (UpstreamKind::Openai, Some(k)) => {
+            request = request.header(header::AUTHORIZATION, format!("Bearer {k}"));
+        }
+        (UpstreamKind::Anthropic, Some(k)) => request = request.header("x-api-key", k),
+        (_, None) => {}
+    }
+    for (name, value) in &call.upstream_headers {
+        request = request.header(name, value);
     }
     request
         .body(Full::new(Bytes::from(Value::Object(body).to_string())))
@@ -481,9 +489,7 @@ fn stream(
                     observe(&s.metrics.gateway_ttft_seconds, &call, started);
                 }
                 done |= event.done;
-                if event.usage.is_some() {
-                    usage = event.usage;
-                }
+                usage = call.dialect.merge(usage, event.usage);
                 let pass = !event.usage_only || call.caller_wants_usage;
                 if let (Some(k), Some(r), true) = (&mut kept, call.replay, pass) {
                     if k.len() + event.raw.len() <= r.max_bytes {
@@ -500,7 +506,7 @@ fn stream(
         };
         observe(&s.metrics.gateway_upstream_seconds, &call, started);
         match failure {
-            None if done || usage.is_some() => {
+            None if done || (usage.is_some() && call.dialect.usage_ends_stream()) => {
                 let answer = match (call.replay, kept) {
                     (Some(r), Some(events)) => {
                         r.save(StatusCode::OK, &kept_head, &events, s.clock.now_ms())

@@ -1,7 +1,8 @@
-//! The OpenAI dialects the gateway speaks, and what differs between them: where a call goes
-//! upstream, how its prompt is counted and its output limit read, which field carries the
-//! limit upstream, and where the provider reports usage (a plain answer's `usage`, a chat
-//! stream's last chunk, a Responses stream's `response.completed` event).
+//! The dialects the gateway speaks, and what differs between them: which upstreams serve
+//! them, where a call goes upstream, how its prompt is counted and its output limit read,
+//! which field carries the limit upstream, and where the provider reports usage (a plain
+//! answer's `usage`, a chat stream's last chunk, a Responses stream's `response.completed`
+//! event, a Messages stream's `message_start` and `message_delta` events).
 //!
 //! - **Chat completions** (`POST /v1/chat/completions`): `messages`, the limit in
 //!   `max_completion_tokens` or `max_tokens`, usage `prompt_tokens`/`completion_tokens`.
@@ -10,10 +11,14 @@
 //! - **Embeddings** (`POST /v1/embeddings`): `input` as a string, strings or token arrays,
 //!   counted exactly; no output (one token reserved, the least an admission holds, given
 //!   back by the usage), usage `prompt_tokens`.
+//! - **Anthropic Messages** (`POST /v1/messages`): `messages` and `system`, estimated (no
+//!   published tokenizer), the limit in `max_tokens`, usage `input_tokens` (plus the cache's
+//!   `cache_creation_input_tokens` and `cache_read_input_tokens`) and `output_tokens`.
 
 use super::openai::ApiError;
 use super::tokens::Counter;
 use serde_json::{Map, Value};
+use tollgate::config::UpstreamKind;
 use tollgate::model::Usage;
 
 /// One OpenAI dialect.
@@ -25,6 +30,8 @@ pub enum Dialect {
     Responses,
     /// Embeddings.
     Embeddings,
+    /// Anthropic's Messages.
+    Messages,
 }
 
 /// What a call's body says, as the admission needs it.
@@ -51,6 +58,25 @@ impl Dialect {
             Dialect::Chat => "chat/completions",
             Dialect::Responses => "responses",
             Dialect::Embeddings => "embeddings",
+            Dialect::Messages => "v1/messages",
+        }
+    }
+
+    /// The kind of upstream that serves it.
+    pub fn kind(self) -> UpstreamKind {
+        match self {
+            Dialect::Messages => UpstreamKind::Anthropic,
+            _ => UpstreamKind::Openai,
+        }
+    }
+
+    /// The route callers use, for messages.
+    pub fn route(self) -> &'static str {
+        match self {
+            Dialect::Chat => "/v1/chat/completions",
+            Dialect::Responses => "/v1/responses",
+            Dialect::Embeddings => "/v1/embeddings",
+            Dialect::Messages => "/v1/messages",
         }
     }
 
@@ -134,6 +160,29 @@ impl Dialect {
                     caller_wants_usage: false,
                 })
             }
+            Dialect::Messages => {
+                let messages = match body.get("messages") {
+                    Some(Value::Array(m)) if !m.is_empty() => m,
+                    _ => return Err(invalid("`messages` must be a non-empty array")),
+                };
+                let mut all = Vec::with_capacity(messages.len() + 1);
+                match body.get("system") {
+                    None | Some(Value::Null) => {}
+                    Some(system @ (Value::String(_) | Value::Array(_))) => {
+                        all.push(serde_json::json!({"role": "system", "content": system}))
+                    }
+                    Some(_) => return Err(invalid("`system` must be a string or text blocks")),
+                }
+                all.extend(messages.iter().cloned());
+                let max_output = positive("max_tokens")?.unwrap_or(default_max_output);
+                Ok(Shape {
+                    input_tokens: counter.prompt(&all, body.get("tools")),
+                    max_output,
+                    limit_field: Some("max_tokens"),
+                    stream,
+                    caller_wants_usage: false,
+                })
+            }
             Dialect::Embeddings => {
                 if stream {
                     return Err(invalid("embeddings are not streamed"));
@@ -191,6 +240,32 @@ impl Dialect {
                 input_tokens: read("prompt_tokens")?,
                 output_tokens: 0,
             }),
+            // Anthropic's input_tokens leaves out what the cache wrote and read.
+            Dialect::Messages => Some(Usage {
+                input_tokens: read("input_tokens")?
+                    + read("cache_creation_input_tokens").unwrap_or(0)
+                    + read("cache_read_input_tokens").unwrap_or(0),
+                output_tokens: read("output_tokens")?,
+            }),
+        }
+    }
+
+    /// Whether a stream that ends after its usage (and before its regular end) is whole:
+    /// a chat stream's usage chunk is its last; elsewhere usage comes before the end.
+    pub fn usage_ends_stream(self) -> bool {
+        self == Dialect::Chat
+    }
+
+    /// The usage so far of a stream, with an event's report merged in: each count the
+    /// larger (Anthropic's `message_delta` counts are cumulative, its `message_start`
+    /// output a first token or so; elsewhere one event carries the usage whole).
+    pub fn merge(self, so_far: Option<Usage>, event: Option<Usage>) -> Option<Usage> {
+        match (so_far, event) {
+            (Some(a), Some(b)) => Some(Usage {
+                input_tokens: a.input_tokens.max(b.input_tokens),
+                output_tokens: a.output_tokens.max(b.output_tokens),
+            }),
+            (a, b) => b.or(a),
         }
     }
 
@@ -225,6 +300,32 @@ impl Dialect {
                 let usage = event.get("response").and_then(|r| self.usage_of(r));
                 (last, usage, false)
             }
+            Dialect::Messages => {
+                let Ok(event) = serde_json::from_str::<Value>(data) else {
+                    return (false, None, false);
+                };
+                match event.get("type").and_then(Value::as_str) {
+                    Some("message_start") => {
+                        let usage = event.get("message").and_then(|m| self.usage_of(m));
+                        (false, usage, false)
+                    }
+                    // Its usage has the output so far, and (on newer versions) the input.
+                    Some("message_delta") => {
+                        let usage = event.get("usage").and_then(|u| {
+                            let read = |f: &str| u.get(f).and_then(Value::as_u64).unwrap_or(0);
+                            Some(Usage {
+                                input_tokens: read("input_tokens")
+                                    + read("cache_creation_input_tokens")
+                                    + read("cache_read_input_tokens"),
+                                output_tokens: u.get("output_tokens")?.as_u64()?,
+                            })
+                        });
+                        (false, usage, false)
+                    }
+                    Some("message_stop") => (true, None, false),
+                    _ => (false, None, false),
+                }
+            }
         }
     }
 }
@@ -245,6 +346,11 @@ impl Dialect {
                 let error = serde_json::json!({"error": {"message": message, "type": "api_error",
                                                          "code": "unknown_outcome"}});
                 format!("data: {error}\n\n")
+            }
+            Dialect::Messages => {
+                let error = serde_json::json!({"type": "error",
+                                               "error": {"type": "api_error", "message": message}});
+                format!("event: error\ndata: {error}\n\n")
             }
         }
     }
@@ -343,6 +449,38 @@ mod tests {
         assert!(read(
             Dialect::Responses,
             json!({"input": "a", "max_output_tokens": 0})
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn a_messages_stream_books_the_start_input_and_the_last_delta_output() {
+        let d = Dialect::Messages;
+        let start = json!({"type": "message_start", "message": {"usage": {
+            "input_tokens": 10, "cache_read_input_tokens": 5, "cache_creation_input_tokens": 2,
+            "output_tokens": 1}}})
+        .to_string();
+        let delta = json!({"type": "message_delta", "usage": {"output_tokens": 7}}).to_string();
+        let (_, a, _) = d.read_event(&start);
+        let (_, b, _) = d.read_event(&delta);
+        let merged = d.merge(d.merge(None, a), b).unwrap();
+        assert_eq!((merged.input_tokens, merged.output_tokens), (17, 7));
+        assert!(d.read_event(r#"{"type":"message_stop"}"#).0);
+        assert!(!d.usage_ends_stream());
+        let plain = read(
+            d,
+            json!({"messages": [{"role": "user", "content": "hi"}], "system": "be brief",
+                   "max_tokens": 30}),
+        )
+        .unwrap();
+        assert_eq!(
+            (plain.max_output, plain.limit_field),
+            (30, Some("max_tokens"))
+        );
+        assert!(read(d, json!({"messages": []})).is_err());
+        assert!(read(
+            d,
+            json!({"messages": [{"role": "user", "content": "hi"}], "system": 3})
         )
         .is_err());
     }

@@ -8,6 +8,7 @@
 //! are retried here, once per policy verdict; an answer cut off leaves the operation
 //! `unknown`, its slot held, never retried.
 
+mod anthropic;
 mod call;
 mod completion;
 mod dialect;
@@ -29,7 +30,7 @@ use axum::routing::{get, post};
 use axum::Router;
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
-use tollgate::config::{ConfigFile, GatewayConfig, Role};
+use tollgate::config::{ConfigFile, GatewayConfig, Role, UpstreamKind};
 
 use dialect::Dialect;
 use openai::ApiError;
@@ -37,6 +38,8 @@ pub use upstream::HttpClient;
 
 /// What the gateway knows of one model.
 struct ModelRoute {
+    /// The API its upstreams speak (one per model, checked at start).
+    kind: UpstreamKind,
     counter: tokens::Counter,
     default_max_output_tokens: u64,
     /// Where each deployment sends a call, by deployment name.
@@ -45,6 +48,8 @@ struct ModelRoute {
 
 /// Where one deployment sends a call.
 struct DeploymentRoute {
+    /// The API its upstream speaks.
+    kind: UpstreamKind,
     /// The upstream's base URL, without a trailing `/` (a dialect's path follows it).
     base_url: String,
     /// The upstream's key, read from its environment variable at start.
@@ -56,8 +61,9 @@ struct DeploymentRoute {
 /// The gateway's state, built once at start.
 pub struct Gateway {
     models: BTreeMap<String, ModelRoute>,
-    /// Every upstream's base URL and key, in name order (for calls that name no model).
-    upstreams: Vec<(String, Option<String>)>,
+    /// Every upstream's kind, base URL and key, in name order (for calls that name no
+    /// model).
+    upstreams: Vec<(UpstreamKind, String, Option<String>)>,
     client: HttpClient,
     default_timeout_ms: u64,
     max_attempts: u32,
@@ -101,6 +107,7 @@ impl Gateway {
                     .map(|d| {
                         let upstream = &g.upstreams[&d.upstream];
                         let route = DeploymentRoute {
+                            kind: upstream.kind,
                             base_url: upstream.base_url.trim_end_matches('/').to_string(),
                             api_key: keys[&d.upstream].clone(),
                             upstream_model: d.upstream_model.clone(),
@@ -109,6 +116,7 @@ impl Gateway {
                     })
                     .collect();
                 let route = ModelRoute {
+                    kind: g.kind_of(name).unwrap_or_default(),
                     counter: tokens::Counter::new(
                         m.tokenizer.as_deref(),
                         m.estimate_bytes_per_token,
@@ -124,7 +132,7 @@ impl Gateway {
             .iter()
             .map(|(name, u)| {
                 let base = u.base_url.trim_end_matches('/').to_string();
-                (base, keys[name].clone())
+                (u.kind, base, keys[name].clone())
             })
             .collect();
         Ok(Gateway {
@@ -171,6 +179,8 @@ pub fn router(state: Shared) -> Router {
             get(passthrough::response).delete(passthrough::response),
         )
         .route("/v1/embeddings", post(embeddings))
+        .route("/v1/messages", post(messages))
+        .route("/v1/messages/count_tokens", post(passthrough::count_tokens))
         .route("/v1/models", get(models))
         .with_state(state)
 }
@@ -221,6 +231,8 @@ pub(crate) struct GatewayCall {
     stream: bool,
     /// Whether the caller asked for the usage chunk of a stream.
     caller_wants_usage: bool,
+    /// The caller's headers that go upstream (Anthropic's version and beta flags).
+    upstream_headers: Vec<(axum::http::HeaderName, axum::http::HeaderValue)>,
     request: tollgate::model::Request,
     /// Whether the answer is kept for a repeat (the caller gave an `Idempotency-Key` and
     /// replay is on).
@@ -237,6 +249,12 @@ async fn responses(State(s): State<Shared>, headers: HeaderMap, body: Body) -> R
 
 async fn embeddings(State(s): State<Shared>, headers: HeaderMap, body: Body) -> Response {
     serve(s, headers, body, Dialect::Embeddings).await
+}
+
+async fn messages(State(s): State<Shared>, headers: HeaderMap, body: Body) -> Response {
+    let headers = anthropic::caller_headers(headers);
+    let answer = serve(s, headers, body, Dialect::Messages).await;
+    anthropic::translate(answer).await
 }
 
 /// One call of `dialect`: the caller known, its body read and admitted, sent, completed.
@@ -294,6 +312,13 @@ async fn read_call(
             format!("the model `{model}` does not exist or is not served here"),
         ));
     };
+    if route.kind != dialect.kind() {
+        return Err(invalid(&format!(
+            "the model `{model}` is served by {} upstreams, which do not serve {}",
+            route.kind.as_str(),
+            dialect.route()
+        )));
+    }
     let shape = dialect.read(&body, &route.counter, route.default_max_output_tokens)?;
     let replay = g.replay.filter(|_| headers.contains_key("idempotency-key"));
     let key = match headers.get("idempotency-key") {
@@ -370,6 +395,7 @@ async fn read_call(
         limit_field: shape.limit_field,
         stream: shape.stream,
         caller_wants_usage: shape.caller_wants_usage,
+        upstream_headers: anthropic::upstream_headers(dialect, headers),
         request,
         replay,
     })

@@ -52,15 +52,51 @@ pub const MAX_REPLAY_TTL_S: u64 = 30 * 86_400;
 /// The largest `replay_max_answer_bytes`: 64 MiB.
 pub const MAX_REPLAY_ANSWER_BYTES: u64 = 64 << 20;
 
-/// One OpenAI-compatible API.
+/// One provider API.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Upstream {
-    /// Its base URL, up to and including the version (`https://api.openai.com/v1`).
+    /// Which API it speaks: OpenAI's (the default) or Anthropic's.
+    #[serde(default)]
+    pub kind: UpstreamKind,
+    /// Its base URL: for OpenAI up to and including the version
+    /// (`https://api.openai.com/v1`), for Anthropic its host (`https://api.anthropic.com`,
+    /// `/v1/messages` follows).
     pub base_url: String,
     /// The environment variable holding its API key (none: no key is sent).
     #[serde(default)]
     pub api_key_env: Option<String>,
+}
+
+/// The API an upstream speaks: a route goes only to upstreams of its own kind.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum UpstreamKind {
+    /// OpenAI's: chat completions, Responses, embeddings; the key as `Authorization: Bearer`.
+    #[default]
+    Openai,
+    /// Anthropic's Messages; the key as `x-api-key`, with `anthropic-version`.
+    Anthropic,
+}
+
+impl UpstreamKind {
+    /// Its name in the configuration.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UpstreamKind::Openai => "openai",
+            UpstreamKind::Anthropic => "anthropic",
+        }
+    }
+}
+
+impl GatewayConfig {
+    /// The kind of the upstreams that serve `model` (all of its deployments are of one kind,
+    /// checked at start); `None` for a model that is not a gateway model.
+    pub fn kind_of(&self, model: &str) -> Option<UpstreamKind> {
+        let m = self.models.get(model)?;
+        let first = m.deployments().into_iter().next()?;
+        self.upstreams.get(&first.upstream).map(|u| u.kind)
+    }
 }
 
 /// One model as callers name it.
@@ -310,8 +346,18 @@ fn check_deployments(g: &GatewayConfig, name: &str, m: &GatewayModel) -> Result<
                 d.name
             ));
         }
-        if !g.upstreams.contains_key(&d.upstream) {
+        let Some(upstream) = g.upstreams.get(&d.upstream) else {
             return Err(format!("{at}.upstream: no upstream named {:?}", d.upstream));
+        };
+        // A call of one dialect must be servable by whichever deployment is reserved.
+        let first = m.deployments().into_iter().next().map(|f| f.upstream);
+        let kind_of_first = first.and_then(|f| g.upstreams.get(&f)).map(|u| u.kind);
+        if kind_of_first.is_some_and(|k| k != upstream.kind) {
+            return Err(format!(
+                "{at}.upstream: {:?} is an {} upstream, and the model's first deployment's is not: one model's deployments speak one API",
+                d.upstream,
+                upstream.kind.as_str()
+            ));
         }
         if !(d.weight.is_finite() && (0.0..=1e6).contains(&d.weight)) {
             return Err(format!(
@@ -340,6 +386,11 @@ fn check_fallbacks(g: &GatewayConfig) -> Result<(), String> {
             if f == name || !g.models.contains_key(f) {
                 return Err(format!(
                     "gateway.models.{name}.fallbacks: {f:?} is not another gateway model"
+                ));
+            }
+            if g.kind_of(f) != g.kind_of(name) {
+                return Err(format!(
+                    "gateway.models.{name}.fallbacks: {f:?} is served by another API's upstreams"
                 ));
             }
         }
@@ -553,5 +604,50 @@ mod tests {
             let e = with_models(models.clone()).unwrap_err();
             assert!(e.contains(wanted), "{models}: {e}");
         }
+    }
+}
+
+#[cfg(test)]
+mod kind_tests {
+    use super::*;
+    use serde_json::json;
+
+    fn with(models: serde_json::Value) -> Result<GatewayConfig, String> {
+        GatewayConfig::from_json(json!({
+            "upstreams": {
+                "openai": {"base_url": "https://api.openai.com/v1"},
+                "claude": {"kind": "anthropic", "base_url": "https://api.anthropic.com"},
+            },
+            "models": models,
+        }))
+    }
+
+    #[test]
+    fn an_upstream_is_openai_unless_it_says_anthropic() {
+        let g =
+            with(json!({"gpt": {"upstream": "openai"}, "claude": {"upstream": "claude"}})).unwrap();
+        assert_eq!(g.kind_of("gpt"), Some(UpstreamKind::Openai));
+        assert_eq!(g.kind_of("claude"), Some(UpstreamKind::Anthropic));
+        assert_eq!(g.kind_of("ghost"), None);
+        let mut bad = json!({"upstreams": {"x": {"kind": "bedrock", "base_url": "https://x"}},
+                             "models": {}});
+        assert!(GatewayConfig::from_json(bad.take()).is_err());
+    }
+
+    #[test]
+    fn one_models_deployments_and_fallbacks_speak_one_api() {
+        let mixed = with(json!({"m": {"deployments": [
+            {"name": "a", "upstream": "openai"}, {"name": "b", "upstream": "claude"}]}}));
+        let e = mixed.unwrap_err();
+        assert!(
+            e.contains("gateway.models.m.deployments[1].upstream"),
+            "{e}"
+        );
+        let fallback = with(
+            json!({"gpt": {"upstream": "openai", "fallbacks": ["claude"]},
+                                   "claude": {"upstream": "claude"}}),
+        );
+        let e = fallback.unwrap_err();
+        assert!(e.contains("gateway.models.gpt.fallbacks"), "{e}");
     }
 }

@@ -8,8 +8,8 @@ mod file;
 mod gateway;
 pub use file::{bare_worker_name, ConfigFile, ConfigFileError, Role, DEFAULT_MAX_CONNECTIONS};
 pub use gateway::{
-    Concurrency, Deployment, GatewayConfig, GatewayModel, Routing, Upstream, MAX_DEPLOYMENTS,
-    TOKENIZERS,
+    Concurrency, Deployment, GatewayConfig, GatewayModel, Routing, Upstream, UpstreamKind,
+    MAX_DEPLOYMENTS, TOKENIZERS,
 };
 
 use crate::bucket::Limits;
