@@ -113,7 +113,7 @@ fn rate_limit_headers(headers: &mut HeaderMap) {
                     .to_str()
                     .ok()
                     .and_then(parse_duration_ms)
-                    .and_then(|ms| rfc3339_after(ms))
+                    .and_then(rfc3339_after)
                     .and_then(|t| HeaderValue::from_str(&t).ok()),
                 _ => Some(value),
             };

@@ -1,6 +1,8 @@
 //! Gateway mode: `POST /v1/chat/completions`, `POST /v1/responses`, `POST /v1/embeddings`
-//! and `GET /v1/models` in OpenAI's shape, so that an OpenAI SDK pointed at tollgate gets its
-//! limits applied (`docs/gateway.md`); what differs between the dialects is in `dialect`.
+//! and `GET /v1/models` in OpenAI's shape and `POST /v1/messages` in Anthropic's, so that an
+//! OpenAI or Anthropic SDK pointed at tollgate gets its limits applied (`docs/gateway.md`);
+//! what differs between the dialects is in `dialect`, Anthropic's words at the boundary in
+//! `anthropic`, the calls that cost nothing in `passthrough`.
 //!
 //! A call is admitted by the engine before anything goes upstream (the prompt counted with
 //! the model's tokenizer), sent to the model's upstream with the upstream's key (never the

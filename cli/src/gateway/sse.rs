@@ -148,4 +148,123 @@ mod tests {
         assert!(events[2].done && !events[2].usage_only);
         assert_eq!((u.input_tokens, u.output_tokens), (9, 2));
     }
+
+    /// One whole stream of each dialect, and where its usage is complete: after the byte
+    /// at which the stream counts as ended with its usage.
+    fn sample(d: Dialect) -> (&'static str, &'static str) {
+        match d {
+            Dialect::Chat | Dialect::Embeddings => (
+                concat!(
+                    "data: {\"choices\":[{\"delta\":{\"content\":\"Hi\"}}]}\n\n",
+                    "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":2}}\n\n",
+                    "data: [DONE]\n\n"
+                ),
+                "\"completion_tokens\":2}}\n\n",
+            ),
+            Dialect::Responses => (
+                concat!(
+                    "event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"usage\":null}}\n\n",
+                    "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"Hi\"}\n\n",
+                    "event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"usage\":{\"input_tokens\":9,\"output_tokens\":2}}}\n\n"
+                ),
+                "\"output_tokens\":2}}}\n\n",
+            ),
+            Dialect::Messages => (
+                concat!(
+                    "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":5,\"cache_read_input_tokens\":4,\"output_tokens\":1}}}\n\n",
+                    "event: ping\ndata: {\"type\":\"ping\"}\n\n",
+                    "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Hi\"}}\n\n",
+                    "event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":2}}\n\n",
+                    "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"
+                ),
+                "{\"type\":\"message_stop\"}\n\n",
+            ),
+        }
+    }
+
+    const DIALECTS: [Dialect; 3] = [Dialect::Chat, Dialect::Responses, Dialect::Messages];
+
+    /// What the gateway learns from `pieces` pushed in order: the events' bytes, the usage
+    /// merged, whether the stream counts as ended with its usage, and whether it failed.
+    fn read_all(d: Dialect, pieces: &[&[u8]]) -> (Vec<u8>, Option<Usage>, bool, bool) {
+        let mut s = Splitter::new(d);
+        let (mut raw, mut usage, mut done, mut failed) = (Vec::new(), None, false, false);
+        for p in pieces {
+            match s.push(p) {
+                Ok(events) => {
+                    for e in events {
+                        raw.extend_from_slice(&e.raw);
+                        done |= e.done;
+                        usage = d.merge(usage, e.usage);
+                    }
+                }
+                Err(_) => failed = true,
+            }
+        }
+        let whole = done || (usage.is_some() && d.usage_ends_stream());
+        (raw, usage, whole, failed)
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_bytes_at_any_split_never_panic(
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..2048),
+            cut in 0usize..2048,
+        ) {
+            for d in DIALECTS {
+                let (a, b) = bytes.split_at(cut.min(bytes.len()));
+                let _ = read_all(d, &[a, b]);
+            }
+        }
+
+        #[test]
+        fn a_stream_split_anywhere_reads_as_it_does_whole(
+            which in 0usize..3,
+            mut cuts in proptest::collection::vec(0usize..1024, 0..12),
+        ) {
+            let d = DIALECTS[which];
+            let (stream, _) = sample(d);
+            let bytes = stream.as_bytes();
+            cuts.iter_mut().for_each(|c| *c %= bytes.len() + 1);
+            cuts.sort_unstable();
+            let mut pieces = Vec::new();
+            let mut from = 0;
+            for c in cuts {
+                pieces.push(&bytes[from..c]);
+                from = c;
+            }
+            pieces.push(&bytes[from..]);
+            let whole = read_all(d, &[bytes]);
+            let split = read_all(d, &pieces);
+            proptest::prop_assert_eq!(&split, &whole);
+            // Passed on unchanged, and the usage booked once, as reported.
+            proptest::prop_assert_eq!(&split.0[..], bytes);
+            let u = split.1.unwrap();
+            proptest::prop_assert_eq!((u.input_tokens, u.output_tokens), (9, 2));
+            proptest::prop_assert!(split.2);
+        }
+
+        #[test]
+        fn a_stream_cut_before_its_usage_is_complete_never_counts_as_ended(
+            which in 0usize..3,
+            at in 0usize..1024,
+        ) {
+            let d = DIALECTS[which];
+            let (stream, tail) = sample(d);
+            let complete = stream.find(tail).unwrap() + tail.len();
+            let at = at % complete;
+            let (_, _, whole, _) = read_all(d, &[&stream.as_bytes()[..at]]);
+            proptest::prop_assert!(!whole, "cut at {} of {}", at, complete);
+        }
+
+        #[test]
+        fn an_event_repeated_books_its_usage_once(which in 0usize..3, times in 1usize..4) {
+            let d = DIALECTS[which];
+            let (stream, _) = sample(d);
+            let repeated = stream.repeat(times);
+            let (_, usage, _, _) = read_all(d, &[repeated.as_bytes()]);
+            let u = usage.unwrap();
+            proptest::prop_assert_eq!((u.input_tokens, u.output_tokens), (9, 2));
+        }
+    }
 }
