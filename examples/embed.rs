@@ -34,10 +34,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if decision.authorises_call() {
         let report = Completion {
             result: CallResult::Succeeded,
-            usage: Some(Usage {
-                input_tokens: 300,
-                output_tokens: 120,
-            }),
+            usage: Some(Usage::new(300, 120)),
             ..Completion::succeeded("acme", "req-1")
         };
         let answer = engine.complete(&report, now + 900)?;

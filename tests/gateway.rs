@@ -69,5 +69,5 @@ fn deployments_reserved_ejected_learned_and_fallen_back_on() {
 
 #[test]
 fn the_anthropic_sdk_through_the_gateway() {
-    suite("test_anthropic.py", 8);
+    suite("test_anthropic.py", 10);
 }

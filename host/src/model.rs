@@ -218,31 +218,73 @@ impl From<Resolution> for CallResult {
     }
 }
 
-/// Tokens a provider reports as used.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+/// Tokens a provider reports as used. `input_tokens` is every prompt token the provider
+/// processed, the cached ones included; the classes beside it are parts of it (and of
+/// `output_tokens`, for reasoning), so token budgets spend input + output whatever the
+/// classes, and a price per class charges each part at its own rate.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Usage {
     /// Prompt tokens the provider counted.
     pub input_tokens: u64,
     /// Output tokens the provider counted.
     pub output_tokens: u64,
+    /// Of the input, those read from the provider's prompt cache (OpenAI's
+    /// `cached_tokens`, Anthropic's `cache_read_input_tokens`).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub cached_input_tokens: u64,
+    /// Of the input, those written to the provider's prompt cache (Anthropic's
+    /// `cache_creation_input_tokens`).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub cache_write_tokens: u64,
+    /// Of the output, reasoning tokens (OpenAI's `reasoning_tokens`).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub reasoning_tokens: u64,
+}
+
+impl Usage {
+    /// A usage of `input_tokens` and `output_tokens`, with no classes.
+    pub fn new(input_tokens: u64, output_tokens: u64) -> Self {
+        Usage {
+            input_tokens,
+            output_tokens,
+            ..Usage::default()
+        }
+    }
 }
 
 impl<'de> Deserialize<'de> for Usage {
-    /// From `{"input_tokens", "output_tokens"}` only: not from an array of the two.
+    /// From `{"input_tokens", "output_tokens"}` and the optional classes only (not from an
+    /// array); a class larger than the total it is part of is an error.
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         #[derive(Deserialize)]
         #[serde(deny_unknown_fields)]
         struct Fields {
             input_tokens: u64,
             output_tokens: u64,
+            #[serde(default)]
+            cached_input_tokens: u64,
+            #[serde(default)]
+            cache_write_tokens: u64,
+            #[serde(default)]
+            reasoning_tokens: u64,
         }
-        let Fields {
-            input_tokens,
-            output_tokens,
-        } = crate::shape::from_object(d)?;
+        let f: Fields = crate::shape::from_object(d)?;
+        if f.cached_input_tokens.saturating_add(f.cache_write_tokens) > f.input_tokens {
+            return Err(serde::de::Error::custom(
+                "cached_input_tokens + cache_write_tokens must not exceed input_tokens",
+            ));
+        }
+        if f.reasoning_tokens > f.output_tokens {
+            return Err(serde::de::Error::custom(
+                "reasoning_tokens must not exceed output_tokens",
+            ));
+        }
         Ok(Usage {
-            input_tokens,
-            output_tokens,
+            input_tokens: f.input_tokens,
+            output_tokens: f.output_tokens,
+            cached_input_tokens: f.cached_input_tokens,
+            cache_write_tokens: f.cache_write_tokens,
+            reasoning_tokens: f.reasoning_tokens,
         })
     }
 }
@@ -365,6 +407,37 @@ mod tests {
     use super::*;
 
     const FULL: &str = r#"{"tenant":"acme","key":"op-1","fingerprint":"sha256:ab","route":"interactive","state":"active","attempt":1,"deadline_ms":99,"input_tokens":200,"max_output_tokens":300,"optional_context_tokens":0,"reserved_tokens":500,"estimated_exec_ms":0,"degraded":false,"body_ref":null,"holds_slot":true,"holds_tenant_slot":false,"tokens_reserved":true,"not_before_ms":null,"result_ref":null,"worker":null,"last_result":null,"last_retry":null,"policy_digest":"5f08"}"#;
+
+    #[test]
+    fn usage_reads_its_classes_and_refuses_a_class_above_its_total() {
+        let u: Usage = serde_json::from_str(
+            r#"{"input_tokens": 10, "output_tokens": 4, "cached_input_tokens": 6, "cache_write_tokens": 2, "reasoning_tokens": 3}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            (
+                u.cached_input_tokens,
+                u.cache_write_tokens,
+                u.reasoning_tokens
+            ),
+            (6, 2, 3)
+        );
+        // Without classes, as earlier releases wrote it; written back without them.
+        let old: Usage =
+            serde_json::from_str(r#"{"input_tokens": 10, "output_tokens": 4}"#).unwrap();
+        assert_eq!(old, Usage::new(10, 4));
+        assert_eq!(
+            serde_json::to_string(&old).unwrap(),
+            r#"{"input_tokens":10,"output_tokens":4}"#
+        );
+        for bad in [
+            r#"{"input_tokens": 10, "output_tokens": 4, "cached_input_tokens": 9, "cache_write_tokens": 2}"#,
+            r#"{"input_tokens": 10, "output_tokens": 4, "reasoning_tokens": 5}"#,
+            r#"{"input_tokens": 10, "output_tokens": 4, "audio_tokens": 1}"#,
+        ] {
+            assert!(serde_json::from_str::<Usage>(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn records_leave_out_the_key_columns_and_absent_fields_and_still_read_full_ones() {

@@ -162,10 +162,7 @@ fn unused_tokens_return_to_the_deployment_that_reserved_them() {
         900
     );
     end(&e, "k", CallResult::Succeeded, |c| {
-        c.usage = Some(Usage {
-            input_tokens: 50,
-            output_tokens: 10,
-        })
+        c.usage = Some(Usage::new(50, 10))
     });
     assert_eq!(
         e.inspect(1_000).unwrap().buckets["deployment.m.a.tokens"],

@@ -23,6 +23,17 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 ANSWER = "Hello world"
 PROMPT_TOKENS = 11
 COMPLETION_TOKENS = 2
+# Of those, read from the prompt cache and spent reasoning (as OpenAI's details report them).
+CACHED_TOKENS = 3
+REASONING_TOKENS = 1
+# The usage tollgate books for a chat or Responses answer of the stub, every class included.
+BOOKED = {"input_tokens": PROMPT_TOKENS, "output_tokens": COMPLETION_TOKENS,
+          "cached_input_tokens": CACHED_TOKENS, "reasoning_tokens": REASONING_TOKENS}
+CHAT_USAGE = {"prompt_tokens": PROMPT_TOKENS, "completion_tokens": COMPLETION_TOKENS,
+              "total_tokens": PROMPT_TOKENS + COMPLETION_TOKENS,
+              "prompt_tokens_details": {"cached_tokens": CACHED_TOKENS, "audio_tokens": 0},
+              "completion_tokens_details": {"reasoning_tokens": REASONING_TOKENS,
+                                            "audio_tokens": 0}}
 # Embeddings: the vector's size. The usage reported counts a string's words (what
 # o200k_base gives for plain lowercase words) and a token array's length.
 EMBEDDING_SIZE = 4
@@ -120,8 +131,7 @@ class Handler(BaseHTTPRequestHandler):
             "model": body["model"],
             "choices": [{"index": 0, "message": {"role": "assistant", "content": ANSWER},
                          "finish_reason": "stop", "logprobs": None}],
-            "usage": {"prompt_tokens": PROMPT_TOKENS, "completion_tokens": COMPLETION_TOKENS,
-                      "total_tokens": PROMPT_TOKENS + COMPLETION_TOKENS},
+            "usage": CHAT_USAGE,
         }
         data = json.dumps(answer).encode()
         self.send_response(200)
@@ -167,9 +177,10 @@ class Handler(BaseHTTPRequestHandler):
                 "usage": usage, "error": None, "incomplete_details": None, "metadata": {}}
 
     def responses_api(self, body, content):
-        usage = {"input_tokens": PROMPT_TOKENS, "input_tokens_details": {"cached_tokens": 0},
+        usage = {"input_tokens": PROMPT_TOKENS,
+                 "input_tokens_details": {"cached_tokens": CACHED_TOKENS},
                  "output_tokens": COMPLETION_TOKENS,
-                 "output_tokens_details": {"reasoning_tokens": 0},
+                 "output_tokens_details": {"reasoning_tokens": REASONING_TOKENS},
                  "total_tokens": PROMPT_TOKENS + COMPLETION_TOKENS}
         done = self.response_object(body, "completed", usage)
         if body.get("store", True):
@@ -252,10 +263,7 @@ class Handler(BaseHTTPRequestHandler):
                                              "finish_reason": None}]})
         self.event({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
         if (body.get("stream_options") or {}).get("include_usage"):
-            self.event({**base, "choices": [],
-                        "usage": {"prompt_tokens": PROMPT_TOKENS,
-                                  "completion_tokens": COMPLETION_TOKENS,
-                                  "total_tokens": PROMPT_TOKENS + COMPLETION_TOKENS}})
+            self.event({**base, "choices": [], "usage": CHAT_USAGE})
         self.chunk(b"data: [DONE]\n\n")
         self.wfile.write(b"0\r\n\r\n")
         self.wfile.flush()

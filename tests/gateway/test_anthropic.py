@@ -17,9 +17,18 @@ sys.path.insert(0, os.path.dirname(__file__))
 import anthropic_upstream as stub  # noqa: E402
 
 ADMIN = "admin-key"
-KEYS = {"acme": "acme-key", "paced": "paced-key", "cut": "cut-key"}
+KEYS = {"acme": "acme-key", "paced": "paced-key", "cut": "cut-key", "priced": "priced-key",
+        "shrink": "shrink-key"}
 MODEL = "claude-sonnet-4-5"
 BOOKED_INPUT = stub.INPUT_TOKENS + stub.CACHE_WRITE_TOKENS + stub.CACHE_READ_TOKENS
+# What an answer of the stub is booked as, by class.
+BOOKED = {"input_tokens": BOOKED_INPUT, "output_tokens": stub.OUTPUT_TOKENS,
+          "cached_input_tokens": stub.CACHE_READ_TOKENS,
+          "cache_write_tokens": stub.CACHE_WRITE_TOKENS}
+# Micro-dollars per token by class, and what one answer of the stub costs at them.
+PRICE = {"input": 10, "output": 20, "cached_input": 1, "cache_write": 12.5}
+COST = (stub.INPUT_TOKENS * 10 + stub.CACHE_READ_TOKENS * 1 + stub.CACHE_WRITE_TOKENS * 12.5
+        + stub.OUTPUT_TOKENS * 20)
 
 
 def free_port():
@@ -43,8 +52,13 @@ class Messages(unittest.TestCase):
             "tenant_defaults": {"requests": {"capacity": 1000, "refill_per_s": 0},
                                 "tokens": {"capacity": 1000000, "refill_per_s": 0}},
             # One request a second: the second call at once waits for the next.
+            # Too few tokens for a large max_tokens: the standard rules cut it to 50.
+            "policy_params": {"degrade_on_token_shortage": True, "degraded_max_output_tokens": 50},
             "tenants": {"acme": {}, "cut": {},
+                        "shrink": {"tokens": {"capacity": 300, "refill_per_s": 0}},
+                        "priced": {"cost_microusd": {"capacity": 10000, "refill_per_s": 0}},
                         "paced": {"requests": {"capacity": 1, "refill_per_s": 1}}},
+            "models": {MODEL: {"price_microusd_per_token": PRICE}, "gpt-4o-mini": {}},
             "gateway": {
                 "upstreams": {
                     "claude": {"kind": "anthropic",
@@ -128,8 +142,7 @@ class Messages(unittest.TestCase):
         op = self.operation("m1")
         self.assertEqual(op["state"], "succeeded")
         # Input, cache writes and cache reads are all input the provider processed.
-        self.assertEqual(op["usage"], {"input_tokens": BOOKED_INPUT,
-                                       "output_tokens": stub.OUTPUT_TOKENS})
+        self.assertEqual(op["usage"], BOOKED)
         self.assertEqual(before - self.tokens_left("acme"), BOOKED_INPUT + stub.OUTPUT_TOKENS)
         self.assertEqual(op["max_output_tokens"], 50)
         self.assertIn("anthropic-ratelimit-tokens-remaining", raw.headers)
@@ -142,6 +155,49 @@ class Messages(unittest.TestCase):
         self.assertRegex(call["anthropic-version"], r"^\d{4}-\d{2}-\d{2}$")
         self.assertEqual(call["body"]["max_tokens"], 50)
 
+    def test_the_gateways_headers_degradation_and_replay_work_on_messages(self):
+        raw = self.client("shrink").messages.with_raw_response.create(
+            model=MODEL, max_tokens=1000, messages=[{"role": "user", "content": "shrink me"}],
+            extra_headers={"x-tollgate-priority": "standard", "x-tollgate-labels": "team=search",
+                           "Idempotency-Key": "m-shrink"})
+        self.assertEqual(raw.headers["x-tollgate-degraded"], "true")
+        self.assertEqual(self.stub_calls("shrink me")[-1]["body"]["max_tokens"], 50)
+        again = self.client("shrink").messages.with_raw_response.create(
+            model=MODEL, max_tokens=1000, messages=[{"role": "user", "content": "shrink me"}],
+            extra_headers={"x-tollgate-priority": "standard", "x-tollgate-labels": "team=search",
+                           "Idempotency-Key": "m-shrink"})
+        self.assertEqual(again.headers.get("x-tollgate-replayed"), "true")
+        self.assertEqual(again.parse().id, raw.parse().id)
+        self.assertEqual(len(self.stub_calls("shrink me")), 1)
+        # The same key with another body is a conflict, in Anthropic's shape.
+        with self.assertRaises(anthropic.APIStatusError) as caught:
+            self.client("shrink").messages.create(
+                model=MODEL, max_tokens=10, messages=[{"role": "user", "content": "other"}],
+                extra_headers={"Idempotency-Key": "m-shrink"})
+        self.assertEqual(caught.exception.status_code, 422)
+        self.assertEqual(caught.exception.body["error"]["type"], "invalid_request_error")
+        self.assertEqual(caught.exception.body["error"]["code"], "conflict")
+        with self.assertRaises(anthropic.BadRequestError) as caught:
+            self.client().messages.create(
+                model=MODEL, max_tokens=10, messages=[{"role": "user", "content": "bad timeout"}],
+                extra_headers={"x-tollgate-timeout-ms": "soon"})
+        self.assertIn("x-tollgate-timeout-ms", caught.exception.body["error"]["message"])
+
+    def test_a_price_per_class_charges_the_money_budget_exactly(self):
+        for stream in [False, True]:
+            before = self.get("/v1/admin/inspect", ADMIN)[1]["buckets"]["tenant.priced.cost_microusd"]
+            if stream:
+                with self.client("priced").messages.stream(
+                        model=MODEL, max_tokens=40,
+                        messages=[{"role": "user", "content": "priced stream"}]) as s:
+                    "".join(s.text_stream)
+                time.sleep(0.2)
+            else:
+                self.client("priced").messages.create(
+                    model=MODEL, max_tokens=40, messages=[{"role": "user", "content": "priced"}])
+            after = self.get("/v1/admin/inspect", ADMIN)[1]["buckets"]["tenant.priced.cost_microusd"]
+            self.assertEqual(before - after, int(COST) + (COST % 1 > 0), stream)
+
     def test_a_streamed_message_books_the_start_input_and_the_final_output(self):
         before = self.tokens_left("acme")
         with self.client().messages.stream(
@@ -152,8 +208,7 @@ class Messages(unittest.TestCase):
         self.assertEqual(text, stub.ANSWER)
         self.assertEqual(final.usage.output_tokens, stub.OUTPUT_TOKENS)
         op = self.wait_for_state("m2", "acme", "succeeded")
-        self.assertEqual(op["usage"], {"input_tokens": BOOKED_INPUT,
-                                       "output_tokens": stub.OUTPUT_TOKENS})
+        self.assertEqual(op["usage"], BOOKED)
         self.assertEqual(before - self.tokens_left("acme"), BOOKED_INPUT + stub.OUTPUT_TOKENS)
 
     def test_a_stream_cut_midway_raises_in_the_sdk_and_is_unknown(self):

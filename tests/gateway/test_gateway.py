@@ -137,8 +137,7 @@ class Gateway(unittest.TestCase):
         op = self.operation("plain-1", "globex")[1]
         self.assertEqual(op["state"], "succeeded")
         # The reported usage, by class, beside the reservation.
-        self.assertEqual(op["usage"], {"input_tokens": stub_upstream.PROMPT_TOKENS,
-                                       "output_tokens": stub_upstream.COMPLETION_TOKENS})
+        self.assertEqual(op["usage"], stub_upstream.BOOKED)
         self.assertEqual(op["max_output_tokens"], 50)
         self.assertGreater(op["reserved_tokens"], op["usage"]["input_tokens"] + 2)
         listed = self.get("/v1/admin/operations?state=succeeded", ADMIN)[1]["operations"]
@@ -164,8 +163,11 @@ class Gateway(unittest.TestCase):
         self.assertTrue(self.stub_calls("stream please")[-1]["body"]["stream_options"]["include_usage"])
         chunks = list(self.client().chat.completions.create(
             model=MODEL, messages=[{"role": "user", "content": "stream with usage"}], stream=True,
-            stream_options={"include_usage": True}))
+            stream_options={"include_usage": True}, extra_headers={"Idempotency-Key": "s-usage"}))
         self.assertEqual(chunks[-1].usage.completion_tokens, stub_upstream.COMPLETION_TOKENS)
+        # Booked from the usage chunk, every class included.
+        self.assertEqual(self.wait_for_state("s-usage", "acme", "succeeded")["usage"],
+                         stub_upstream.BOOKED)
 
     def test_an_upstream_429_is_retried_by_the_gateway_not_the_sdk(self):
         answer = self.client().chat.completions.create(
@@ -279,6 +281,12 @@ class Gateway(unittest.TestCase):
         self.assertEqual(raw.parse().choices[0].message.content, stub_upstream.ANSWER)
         self.assertEqual(raw.headers["x-tollgate-degraded"], "true")
         self.assertEqual(self.stub_calls("make it short")[-1]["body"]["max_completion_tokens"], 50)
+        # The same on the Responses route: the plan's limit goes upstream as max_output_tokens.
+        raw = self.client("shrink").responses.with_raw_response.create(
+            model=MODEL, max_output_tokens=500, input="make it shorter",
+            extra_headers={"x-tollgate-priority": "standard", "x-tollgate-labels": "team=search"})
+        self.assertEqual(raw.headers["x-tollgate-degraded"], "true")
+        self.assertEqual(self.stub_calls("make it shorter")[-1]["body"]["max_output_tokens"], 50)
 
     def test_tenants_never_see_each_others_operations(self):
         for tenant in ["acme", "globex"]:
@@ -375,8 +383,7 @@ class Gateway(unittest.TestCase):
                          stub_upstream.PROMPT_TOKENS + stub_upstream.COMPLETION_TOKENS)
         op = self.operation("resp-1", "globex")[1]
         self.assertEqual(op["state"], "succeeded")
-        self.assertEqual(op["usage"], {"input_tokens": stub_upstream.PROMPT_TOKENS,
-                                       "output_tokens": stub_upstream.COMPLETION_TOKENS})
+        self.assertEqual(op["usage"], stub_upstream.BOOKED)
         self.assertEqual(op["max_output_tokens"], 40)
         self.assertIn("x-ratelimit-remaining-tokens", raw.headers)
         call = self.stub_calls("responses plain")[-1]
@@ -412,8 +419,7 @@ class Gateway(unittest.TestCase):
         text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
         self.assertEqual(text, stub_upstream.ANSWER)
         op = self.wait_for_state("resp-s1", "globex", "succeeded")
-        self.assertEqual(op["usage"], {"input_tokens": stub_upstream.PROMPT_TOKENS,
-                                       "output_tokens": stub_upstream.COMPLETION_TOKENS})
+        self.assertEqual(op["usage"], stub_upstream.BOOKED)
         self.assertEqual(before - self.tokens_left("globex"),
                          stub_upstream.PROMPT_TOKENS + stub_upstream.COMPLETION_TOKENS)
         # No chat options are added to a Responses stream.

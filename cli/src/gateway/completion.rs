@@ -61,6 +61,18 @@ pub async fn finish(
         tokens
             .with_label_values(&[&call.tenant, &call.model, "out"])
             .inc_by(u.output_tokens);
+        // The classes, parts of the two above, where the provider reported them.
+        for (direction, n) in [
+            ("cached_in", u.cached_input_tokens),
+            ("cache_write", u.cache_write_tokens),
+            ("reasoning", u.reasoning_tokens),
+        ] {
+            if n > 0 {
+                tokens
+                    .with_label_values(&[&call.tenant, &call.model, direction])
+                    .inc_by(n);
+            }
+        }
     }
     let completion = Completion {
         result: ending.result,

@@ -227,27 +227,47 @@ impl Dialect {
     pub fn usage_of(self, body: &Value) -> Option<Usage> {
         let usage = body.get("usage")?;
         let read = |field: &str| usage.get(field).and_then(Value::as_u64);
-        match self {
-            Dialect::Chat => Some(Usage {
-                input_tokens: read("prompt_tokens")?,
-                output_tokens: read("completion_tokens")?,
-            }),
-            Dialect::Responses => Some(Usage {
-                input_tokens: read("input_tokens")?,
-                output_tokens: read("output_tokens")?,
-            }),
-            Dialect::Embeddings => Some(Usage {
-                input_tokens: read("prompt_tokens")?,
-                output_tokens: 0,
-            }),
+        // A detail's count (`input_tokens_details.cached_tokens`, say), 0 when absent.
+        let detail = |details: &str, field: &str| {
+            usage
+                .get(details)
+                .and_then(|d| d.get(field))
+                .and_then(Value::as_u64)
+                .unwrap_or(0)
+        };
+        let mut u = match self {
+            Dialect::Chat => Usage {
+                cached_input_tokens: detail("prompt_tokens_details", "cached_tokens"),
+                reasoning_tokens: detail("completion_tokens_details", "reasoning_tokens"),
+                ..Usage::new(read("prompt_tokens")?, read("completion_tokens")?)
+            },
+            Dialect::Responses => Usage {
+                cached_input_tokens: detail("input_tokens_details", "cached_tokens"),
+                reasoning_tokens: detail("output_tokens_details", "reasoning_tokens"),
+                ..Usage::new(read("input_tokens")?, read("output_tokens")?)
+            },
+            Dialect::Embeddings => Usage::new(read("prompt_tokens")?, 0),
             // Anthropic's input_tokens leaves out what the cache wrote and read.
-            Dialect::Messages => Some(Usage {
-                input_tokens: read("input_tokens")?
-                    + read("cache_creation_input_tokens").unwrap_or(0)
-                    + read("cache_read_input_tokens").unwrap_or(0),
-                output_tokens: read("output_tokens")?,
-            }),
-        }
+            Dialect::Messages => {
+                let written = read("cache_creation_input_tokens").unwrap_or(0);
+                let cached = read("cache_read_input_tokens").unwrap_or(0);
+                Usage {
+                    cached_input_tokens: cached,
+                    cache_write_tokens: written,
+                    ..Usage::new(
+                        read("input_tokens")? + written + cached,
+                        read("output_tokens")?,
+                    )
+                }
+            }
+        };
+        // A provider's classes are parts of its totals; one that says otherwise is held to them.
+        u.cached_input_tokens = u.cached_input_tokens.min(u.input_tokens);
+        u.cache_write_tokens = u
+            .cache_write_tokens
+            .min(u.input_tokens - u.cached_input_tokens);
+        u.reasoning_tokens = u.reasoning_tokens.min(u.output_tokens);
+        Some(u)
     }
 
     /// Whether a stream that ends after its usage (and before its regular end) is whole:
@@ -264,6 +284,9 @@ impl Dialect {
             (Some(a), Some(b)) => Some(Usage {
                 input_tokens: a.input_tokens.max(b.input_tokens),
                 output_tokens: a.output_tokens.max(b.output_tokens),
+                cached_input_tokens: a.cached_input_tokens.max(b.cached_input_tokens),
+                cache_write_tokens: a.cache_write_tokens.max(b.cache_write_tokens),
+                reasoning_tokens: a.reasoning_tokens.max(b.reasoning_tokens),
             }),
             (a, b) => b.or(a),
         }
@@ -313,11 +336,17 @@ impl Dialect {
                     Some("message_delta") => {
                         let usage = event.get("usage").and_then(|u| {
                             let read = |f: &str| u.get(f).and_then(Value::as_u64).unwrap_or(0);
+                            let (written, cached) = (
+                                read("cache_creation_input_tokens"),
+                                read("cache_read_input_tokens"),
+                            );
                             Some(Usage {
-                                input_tokens: read("input_tokens")
-                                    + read("cache_creation_input_tokens")
-                                    + read("cache_read_input_tokens"),
-                                output_tokens: u.get("output_tokens")?.as_u64()?,
+                                cached_input_tokens: cached,
+                                cache_write_tokens: written,
+                                ..Usage::new(
+                                    read("input_tokens") + written + cached,
+                                    u.get("output_tokens")?.as_u64()?,
+                                )
                             })
                         });
                         (false, usage, false)

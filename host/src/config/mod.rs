@@ -127,7 +127,8 @@ pub struct ModelConfig {
     pub price_microusd_per_token: Option<Price>,
 }
 
-/// Micro-dollars per input and per output token.
+/// Micro-dollars per token, by class: input and output, and optionally the input read from
+/// the provider's cache and written to it (each absent: the input price).
 #[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct Price {
@@ -135,14 +136,45 @@ pub struct Price {
     pub input: f64,
     /// Per output token.
     pub output: f64,
+    /// Per input token read from the provider's prompt cache.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cached_input: Option<f64>,
+    /// Per input token written to the provider's prompt cache.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_write: Option<f64>,
 }
 
 impl Price {
-    /// Micro-dollars a call of this size may cost at most, rounded up.
+    /// Micro-dollars a call of this size may cost at most, rounded up: every input token at
+    /// the dearest input class, since which are cached is known only after the call.
     pub fn cost(&self, input_tokens: u64, output_tokens: u64) -> u64 {
-        let cost = input_tokens as f64 * self.input + output_tokens as f64 * self.output;
+        let input = self
+            .input
+            .max(self.cached_input.unwrap_or(0.0))
+            .max(self.cache_write.unwrap_or(0.0));
+        let cost = input_tokens as f64 * input + output_tokens as f64 * self.output;
         // Prices are checked finite and bounded, token counts below 2^53: no overflow.
         cost.ceil().min(u64::MAX as f64) as u64
+    }
+
+    /// Micro-dollars a reported usage costs, each class at its price, rounded up.
+    pub fn cost_of(&self, u: &crate::model::Usage) -> u64 {
+        let cached = u.cached_input_tokens.min(u.input_tokens);
+        let written = u.cache_write_tokens.min(u.input_tokens - cached);
+        let plain = u.input_tokens - cached - written;
+        let cost = plain as f64 * self.input
+            + cached as f64 * self.cached_input.unwrap_or(self.input)
+            + written as f64 * self.cache_write.unwrap_or(self.input)
+            + u.output_tokens as f64 * self.output;
+        cost.ceil().min(u64::MAX as f64) as u64
+    }
+
+    /// Every price it names.
+    pub fn all(&self) -> impl Iterator<Item = f64> {
+        [self.input, self.output]
+            .into_iter()
+            .chain(self.cached_input)
+            .chain(self.cache_write)
     }
 }
 
@@ -469,9 +501,9 @@ impl Config {
             buckets.extend(m.tokens.map(|b| (names::model_tokens(model), b)));
             if let Some(p) = m.price_microusd_per_token {
                 let ok = |x: f64| x.is_finite() && (0.0..=1e6).contains(&x);
-                if !ok(p.input) || !ok(p.output) {
+                if !p.all().all(ok) {
                     return Err(ConfigError(format!(
-                        "models.{model}.price_microusd_per_token: input and output must be numbers from 0 to 1e6"
+                        "models.{model}.price_microusd_per_token: input, output, cached_input and cache_write must be numbers from 0 to 1e6"
                     )));
                 }
             }
@@ -663,10 +695,26 @@ mod tests {
         assert_eq!(c.tenant("b").unwrap().cost_microusd.unwrap().capacity, 1e6);
         let price = c.model("gpt-4o").unwrap().price_microusd_per_token.unwrap();
         assert_eq!(price.cost(3, 1), 18);
+        // By class: cached input at its own price, cache writes at the input price when none.
+        let classes: Price = serde_json::from_value(
+            json!({"input": 10, "output": 20, "cached_input": 1, "cache_write": 12.5}),
+        )
+        .unwrap();
+        let used = crate::model::Usage {
+            cached_input_tokens: 4,
+            cache_write_tokens: 2,
+            ..crate::model::Usage::new(8, 4)
+        };
+        assert_eq!(classes.cost_of(&used), 2 * 10 + 4 + 25 + 4 * 20);
+        // A reservation prices every input token at the dearest input class.
+        assert_eq!(classes.cost(8, 4), 100 + 80);
+        assert_eq!(price.cost_of(&crate::model::Usage::new(3, 1)), 18);
         assert_eq!(
             Price {
                 input: 0.15,
-                output: 0.6
+                output: 0.6,
+                cached_input: None,
+                cache_write: None,
             }
             .cost(10, 1),
             3

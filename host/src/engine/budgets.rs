@@ -262,6 +262,15 @@ impl Budgets {
         }
     }
 
+    /// Micro-dollars a reported usage costs, each token class at its price (0: no money
+    /// budget).
+    pub fn cost_of(&self, usage: &crate::model::Usage) -> u64 {
+        match (&self.tenant_cost, self.price) {
+            (Some(_), Some(p)) => p.cost_of(usage),
+            _ => 0,
+        }
+    }
+
     /// Returns unused tokens to every token bucket and unused micro-dollars to the money
     /// budget, never above capacity.
     pub fn refund(

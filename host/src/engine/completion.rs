@@ -451,7 +451,7 @@ impl<S: Store> Engine<S> {
                 let used = u.input_tokens.saturating_add(u.output_tokens);
                 let unused = op.reserved_tokens.saturating_sub(used);
                 // The money used is what the reported usage costs at the model's price.
-                let cost_used = budgets.cost(u.input_tokens, u.output_tokens);
+                let cost_used = budgets.cost_of(&u);
                 let unused_cost = reserved_cost.saturating_sub(cost_used);
                 budgets.refund(tx, unused, unused_cost, now_ms)?;
                 if let (Some(model), Some(name), true) = (&op.model, &op.deployment, unused > 0) {

@@ -730,8 +730,5 @@ impl<'a, S: Store> Sim<'a, S> {
 
 /// What the provider reports for a call of `a` that wrote `output_tokens`.
 fn usage(a: &Arrival, output_tokens: u64) -> Usage {
-    Usage {
-        input_tokens: a.input_tokens,
-        output_tokens,
-    }
+    Usage::new(a.input_tokens, output_tokens)
 }
