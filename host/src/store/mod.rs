@@ -54,7 +54,13 @@ pub enum StoreError {
 }
 
 impl From<rusqlite::Error> for StoreError {
+    /// A full disk is the store's absence for a while (nothing of the failed transaction is
+    /// kept, and writes succeed again once there is room): `Unavailable`, as a lost
+    /// PostgreSQL connection is, so callers get 503 with a Retry-After, not 500.
     fn from(e: rusqlite::Error) -> Self {
+        if e.sqlite_error_code() == Some(rusqlite::ErrorCode::DiskFull) {
+            return StoreError::Unavailable(format!("the disk is full: {e}"));
+        }
         StoreError::Database(Box::new(e))
     }
 }

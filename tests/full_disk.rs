@@ -1,0 +1,128 @@
+//! The disk under a SQLite store fills up: a 3 MB tmpfs, filled by another file while the
+//! server admits. Every admission that cannot be written answers 503 `store_unavailable`
+//! with a Retry-After (never 500), nothing of it is kept, every admission acknowledged is
+//! in the store, and once there is room again admissions are accepted by the same process.
+//!
+//! It mounts a tmpfs, so it needs root: `.ci/run` runs it with
+//! `cargo test --release --test full_disk -- --ignored`.
+
+mod common;
+
+use common::server::{now_ms, Server};
+use serde_json::json;
+use std::io::Write;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+const CALLER: &str = "acme-key";
+const ADMIN: &str = "admin-key";
+
+/// A tmpfs of `size` mounted at `dir`, unmounted when dropped.
+struct Tmpfs(std::path::PathBuf);
+
+impl Tmpfs {
+    fn mount(dir: &std::path::Path, size: &str) -> Tmpfs {
+        std::fs::create_dir_all(dir).unwrap();
+        let status = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir)
+            .status()
+            .unwrap();
+        assert!(
+            status.success(),
+            "mount -t tmpfs failed: this test needs root"
+        );
+        Tmpfs(dir.to_path_buf())
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// Fills the disk at `path` to the last byte, then gives back `leave` bytes.
+fn fill(path: &std::path::Path, leave: u64) {
+    let mut f = std::fs::File::create(path).unwrap();
+    let chunk = vec![7u8; 16 * 1024];
+    let mut written = 0u64;
+    while f.write_all(&chunk).is_ok() {
+        written += chunk.len() as u64;
+    }
+    let _ = f.sync_all();
+    f.set_len(written.saturating_sub(leave)).unwrap();
+}
+
+#[test]
+#[ignore = "mounts a tmpfs (root only): .ci/run runs it with --ignored"]
+fn a_full_disk_answers_503_keeps_nothing_half_written_and_recovers() {
+    let dir = std::env::temp_dir().join(format!("tollgate-full-disk-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let disk = Tmpfs::mount(&dir.join("disk"), "3m");
+    let config = json!({
+        "auth": {"callers": {CALLER: "acme"}, "admins": [ADMIN]},
+        "global": {"requests": {"capacity": 1000000, "refill_per_s": 0}, "concurrency": 1000000},
+        "tenant_defaults": {"requests": {"capacity": 1000000, "refill_per_s": 0},
+                            "tokens": {"capacity": 1000000000, "refill_per_s": 0}},
+        "tenants": {"acme": {}},
+    });
+    let db = disk.0.join("state.db");
+    let server = Server::start_on(&dir, "config", &config, db.to_str().unwrap(), &[]);
+    let filler = disk.0.join("filler");
+    fill(&filler, 64 * 1024);
+    let admit = |key: String| {
+        let body = json!({"key": key, "route": "interactive", "input_tokens": 10,
+                          "max_output_tokens": 10, "deadline_ms": now_ms() + 600_000,
+                          "labels": {"pad": "x".repeat(200)}});
+        server.admit(CALLER, body)
+    };
+    let (mut accepted, mut refused) = (0u64, None);
+    for i in 0..100_000 {
+        let (status, retry_after, body) = admit(format!("k{i}"));
+        match status {
+            200 => accepted += 1,
+            503 => {
+                refused = Some((retry_after, body));
+                break;
+            }
+            other => panic!("admission {i} answered {other}: {body}"),
+        }
+    }
+    let (retry_after, body) = refused.expect("the disk never filled");
+    assert_eq!(body["reason"], "store_unavailable", "{body}");
+    assert!(retry_after.is_some(), "a 503 carries Retry-After");
+    assert!(accepted > 0);
+    // Still full: refused again, never 500.
+    for i in 0..5 {
+        let (status, _, body) = admit(format!("again{i}"));
+        assert_eq!(status, 503, "{body}");
+    }
+    // Room again: the same process admits, and every acknowledged admission is kept.
+    std::fs::remove_file(&filler).unwrap();
+    let started = Instant::now();
+    loop {
+        let (status, _, body) = admit("after".into());
+        if status == 200 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "not admitting after the disk had room: {status} {body}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (status, _, inspect) = server.call("GET", "/v1/admin/inspect?limit=1", Some(ADMIN), None);
+    assert_eq!(status, 200);
+    // The refused admissions spent nothing: what is spent is what was acknowledged.
+    assert_eq!(
+        inspect["buckets"]["tenant.acme.requests"],
+        1_000_000 - (accepted + 1),
+        "{accepted} acknowledged"
+    );
+    assert_eq!(inspect["slots"]["global"], accepted + 1);
+    assert!(server.stop().success());
+    drop(disk);
+    let _ = std::fs::remove_dir_all(&dir);
+}
