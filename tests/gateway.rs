@@ -59,7 +59,7 @@ fn suite(file: &str, tests: usize) {
 
 #[test]
 fn the_openai_sdk_through_the_gateway() {
-    suite("test_gateway.py", 19);
+    suite("test_gateway.py", 21);
 }
 
 #[test]
@@ -69,5 +69,5 @@ fn deployments_reserved_ejected_learned_and_fallen_back_on() {
 
 #[test]
 fn the_anthropic_sdk_through_the_gateway() {
-    suite("test_anthropic.py", 10);
+    suite("test_anthropic.py", 11);
 }

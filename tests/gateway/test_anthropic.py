@@ -58,7 +58,8 @@ class Messages(unittest.TestCase):
                         "shrink": {"tokens": {"capacity": 300, "refill_per_s": 0}},
                         "priced": {"cost_microusd": {"capacity": 10000, "refill_per_s": 0}},
                         "paced": {"requests": {"capacity": 1, "refill_per_s": 1}}},
-            "models": {MODEL: {"price_microusd_per_token": PRICE}, "gpt-4o-mini": {}},
+            "models": {MODEL: {"price_microusd_per_token": PRICE}, "gpt-4o-mini": {},
+                       "claude-small": {}},
             "gateway": {
                 "upstreams": {
                     "claude": {"kind": "anthropic",
@@ -67,6 +68,11 @@ class Messages(unittest.TestCase):
                     "openai": {"base_url": "http://127.0.0.1:9/v1"},
                 },
                 "models": {MODEL: {"upstream": "claude", "default_max_output_tokens": 64},
+                           # No call fits its deployment: its calls go to MODEL.
+                           "claude-small": {"deployments": [
+                               {"name": "tiny", "upstream": "claude",
+                                "tokens": {"capacity": 1, "refill_per_s": 0}}],
+                               "fallbacks": [MODEL]},
                            "gpt-4o-mini": {"upstream": "openai"}},
                 "default_timeout_ms": 20000,
             },
@@ -182,6 +188,20 @@ class Messages(unittest.TestCase):
                 model=MODEL, max_tokens=10, messages=[{"role": "user", "content": "bad timeout"}],
                 extra_headers={"x-tollgate-timeout-ms": "soon"})
         self.assertIn("x-tollgate-timeout-ms", caught.exception.body["error"]["message"])
+
+    def test_a_fallback_model_serves_unless_forbidden(self):
+        raw = self.client().messages.with_raw_response.create(
+            model="claude-small", max_tokens=10,
+            messages=[{"role": "user", "content": "fall back"}])
+        self.assertEqual(raw.headers["x-tollgate-model"], MODEL)
+        self.assertEqual(self.stub_calls("fall back")[-1]["body"]["model"], MODEL)
+        with self.assertRaises(anthropic.RateLimitError) as caught:
+            self.client(max_retries=0).messages.create(
+                model="claude-small", max_tokens=10,
+                messages=[{"role": "user", "content": "no fallback"}],
+                extra_headers={"x-tollgate-fallback": "none"})
+        self.assertEqual(caught.exception.body["error"]["code"], "deployment_capacity")
+        self.assertEqual(self.stub_calls("no fallback"), [])
 
     def test_a_price_per_class_charges_the_money_budget_exactly(self):
         for stream in [False, True]:

@@ -49,7 +49,7 @@ class Gateway(unittest.TestCase):
                         "priced": {"cost_microusd": {"capacity": 100, "refill_per_s": 0}}},
             # The gateway's models, with their budgets and prices.
             "models": {MODEL: {"price_microusd_per_token": {"input": 1, "output": 1}},
-                       "no-tokenizer": {}},
+                       "no-tokenizer": {}, "primary": {}},
             # A request that can never fit its token bucket is cut to 50 output tokens.
             "policy_params": {"degrade_on_token_shortage": True, "degraded_max_output_tokens": 50,
                               "exec_ms_per_output_token": 1, "shed_model": MODEL},
@@ -61,7 +61,12 @@ class Gateway(unittest.TestCase):
                                         "api_key_env": "STUB_UPSTREAM_KEY"}},
                 "models": {MODEL: {"upstream": "local", "tokenizer": "o200k_base",
                                    "default_max_output_tokens": 64},
-                           "no-tokenizer": {"upstream": "local"}},
+                           "no-tokenizer": {"upstream": "local"},
+                           # A deployment whose one-token bucket no call fits: its calls go
+                           # to the fallback model, unless the caller forbids it.
+                           "primary": {"deployments": [{"name": "tiny", "upstream": "local",
+                                                        "tokens": {"capacity": 1, "refill_per_s": 0}}],
+                                       "fallbacks": [MODEL], "tokenizer": "o200k_base"}},
                 "default_timeout_ms": 20000,
             },
         }
@@ -325,7 +330,7 @@ class Gateway(unittest.TestCase):
 
     def test_models_and_unknown_models(self):
         ids = sorted(m.id for m in self.client().models.list())
-        self.assertEqual(ids, sorted([MODEL, "no-tokenizer"]))
+        self.assertEqual(ids, sorted([MODEL, "no-tokenizer", "primary"]))
         with self.assertRaises(openai.NotFoundError) as caught:
             self.client().chat.completions.create(
                 model="gpt-nothing", messages=[{"role": "user", "content": "hi"}])
@@ -433,6 +438,35 @@ class Gateway(unittest.TestCase):
         self.assertEqual(events[-1].code, "unknown_outcome")
         self.wait_for_state("resp-d1", "acme", "unknown")
         self.assertEqual(len(self.stub_calls("drop responses")), 1, "never retried")
+
+    def test_a_fallback_model_serves_responses_and_embeddings_unless_forbidden(self):
+        raw = self.client().responses.with_raw_response.create(
+            model="primary", input="fall back, responses", max_output_tokens=20)
+        self.assertEqual(raw.headers["x-tollgate-model"], MODEL)
+        self.assertEqual(self.stub_calls("fall back, responses")[-1]["body"]["model"], MODEL)
+        raw = self.client().embeddings.with_raw_response.create(
+            model="primary", input="fall back, embeddings")
+        self.assertEqual(raw.headers["x-tollgate-model"], MODEL)
+        for call in [lambda h: self.client(max_retries=0).responses.create(
+                         model="primary", input="no fallback", extra_headers=h),
+                     lambda h: self.client(max_retries=0).embeddings.create(
+                         model="primary", input="no fallback", extra_headers=h)]:
+            with self.assertRaises(openai.RateLimitError) as caught:
+                call({"x-tollgate-fallback": "none"})
+            self.assertEqual(caught.exception.code, "deployment_capacity")
+        self.assertEqual(self.stub_calls("no fallback"), [])
+
+    def test_a_deadline_header_bounds_every_route(self):
+        for call in [lambda: self.client(max_retries=0).responses.create(
+                         model=MODEL, input="stall responses",
+                         extra_headers={"x-tollgate-timeout-ms": "500", "Idempotency-Key": "dl-r"}),
+                     lambda: self.client(max_retries=0).embeddings.create(
+                         model=MODEL, input="x", extra_headers={"x-tollgate-timeout-ms": "0"})]:
+            with self.assertRaises(openai.APIStatusError):
+                call()
+        # The Responses call outlived its deadline upstream: unknown, never retried.
+        self.assertEqual(self.operation("dl-r")[1]["state"], "unknown")
+        self.assertEqual(len(self.stub_calls("stall responses")), 1)
 
     def test_embeddings_are_counted_exactly_and_book_the_reported_usage(self):
         before = self.tokens_left("globex")
