@@ -255,7 +255,9 @@ impl Dialect {
                     cached_input_tokens: cached,
                     cache_write_tokens: written,
                     ..Usage::new(
-                        read("input_tokens")? + written + cached,
+                        read("input_tokens")?
+                            .saturating_add(written)
+                            .saturating_add(cached),
                         read("output_tokens")?,
                     )
                 }
@@ -344,7 +346,9 @@ impl Dialect {
                                 cached_input_tokens: cached,
                                 cache_write_tokens: written,
                                 ..Usage::new(
-                                    read("input_tokens") + written + cached,
+                                    read("input_tokens")
+                                        .saturating_add(written)
+                                        .saturating_add(cached),
                                     u.get("output_tokens")?.as_u64()?,
                                 )
                             })
@@ -512,6 +516,46 @@ mod tests {
             json!({"messages": [{"role": "user", "content": "hi"}], "system": 3})
         )
         .is_err());
+    }
+
+    const ALL: [Dialect; 4] = [
+        Dialect::Chat,
+        Dialect::Responses,
+        Dialect::Embeddings,
+        Dialect::Messages,
+    ];
+
+    proptest::proptest! {
+        /// Any body a provider may send: never a panic, and the classes never above the
+        /// totals they are parts of, whatever the numbers (huge ones included).
+        #[test]
+        fn any_usage_body_reads_without_panic_and_within_its_totals(
+            numbers in proptest::collection::vec(proptest::prelude::any::<u64>(), 8),
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..256),
+        ) {
+            let n = |i: usize| numbers[i];
+            let usage = json!({"usage": {
+                "prompt_tokens": n(0), "completion_tokens": n(1), "input_tokens": n(0),
+                "output_tokens": n(1), "cache_creation_input_tokens": n(2),
+                "cache_read_input_tokens": n(3),
+                "prompt_tokens_details": {"cached_tokens": n(4)},
+                "input_tokens_details": {"cached_tokens": n(4)},
+                "completion_tokens_details": {"reasoning_tokens": n(5)},
+                "output_tokens_details": {"reasoning_tokens": n(5)}}});
+            let event = json!({"type": "message_delta", "usage": usage["usage"]}).to_string();
+            for d in ALL {
+                let u = d.usage_of(&usage).unwrap();
+                proptest::prop_assert!(
+                    u.cached_input_tokens.saturating_add(u.cache_write_tokens) <= u.input_tokens
+                );
+                proptest::prop_assert!(u.reasoning_tokens <= u.output_tokens);
+                let _ = d.read_event(&event);
+                let _ = d.read_event(&String::from_utf8_lossy(&bytes));
+                if let Ok(v) = serde_json::from_slice::<Value>(&bytes) {
+                    let _ = d.usage_of(&v);
+                }
+            }
+        }
     }
 
     #[test]
