@@ -1,14 +1,17 @@
 //! The disk under a SQLite store fills up: a 3 MB tmpfs, filled by another file while the
 //! server admits. Every admission that cannot be written answers 503 `store_unavailable`
 //! with a Retry-After (never 500), nothing of it is kept, every admission acknowledged is
-//! in the store, and once there is room again admissions are accepted by the same process.
+//! in the store; `/healthz` answers 503 with the reason while the store cannot write,
+//! `tollgate_store_write_failures_total{kind="disk_full"}` counts the failed writes, and
+//! the log says so once, not once per request. Once there is room again `/healthz` is ok
+//! by itself (no request needed) and admissions are accepted by the same process.
 //!
 //! It mounts a tmpfs, so it needs root: `.ci/run` runs it with
 //! `cargo test --release --test full_disk -- --ignored`.
 
 mod common;
 
-use common::server::{now_ms, Server};
+use common::server::now_ms;
 use serde_json::json;
 use std::io::Write;
 use std::process::Command;
@@ -69,7 +72,30 @@ fn a_full_disk_answers_503_keeps_nothing_half_written_and_recovers() {
         "tenants": {"acme": {}},
     });
     let db = disk.0.join("state.db");
-    let server = Server::start_on(&dir, "config", &config, db.to_str().unwrap(), &[]);
+    let config_path = dir.join("config.json");
+    std::fs::write(&config_path, config.to_string()).unwrap();
+    let log_path = dir.join("serve.log");
+    let log = std::fs::File::create(&log_path).unwrap();
+    let args = [
+        "--config",
+        config_path.to_str().unwrap(),
+        "--db",
+        db.to_str().unwrap(),
+    ];
+    let (child, base) = common::spawn_serve_via(&args, |program| {
+        let mut command = Command::new(program);
+        command.stdout(std::process::Stdio::null()).stderr(log);
+        command
+    });
+    let server = common::server::Server { child, base };
+    let get = |path: &str| match ureq::get(&format!("{}{path}", server.base))
+        .set("Authorization", &format!("Bearer {ADMIN}"))
+        .call()
+    {
+        Ok(r) => (r.status(), r.into_string().unwrap()),
+        Err(ureq::Error::Status(s, r)) => (s, r.into_string().unwrap()),
+        Err(e) => panic!("{path}: {e}"),
+    };
     let filler = disk.0.join("filler");
     fill(&filler, 64 * 1024);
     let admit = |key: String| {
@@ -94,25 +120,37 @@ fn a_full_disk_answers_503_keeps_nothing_half_written_and_recovers() {
     assert_eq!(body["reason"], "store_unavailable", "{body}");
     assert!(retry_after.is_some(), "a 503 carries Retry-After");
     assert!(accepted > 0);
-    // Still full: refused again, never 500.
-    for i in 0..5 {
+    // Still full: refused again, never 500; the health check says why.
+    for i in 0..20 {
         let (status, _, body) = admit(format!("again{i}"));
         assert_eq!(status, 503, "{body}");
     }
-    // Room again: the same process admits, and every acknowledged admission is kept.
+    let (status, health) = get("/healthz");
+    assert_eq!(status, 503, "{health}");
+    assert!(
+        health.contains("store_unavailable") && health.contains("disk_full"),
+        "{health}"
+    );
+    let (_, metrics) = get("/metrics");
+    let failures = metrics
+        .lines()
+        .find(|l| l.starts_with("tollgate_store_write_failures_total{kind=\"disk_full\"}"))
+        .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("no disk_full failures in /metrics: {metrics}"));
+    assert!(failures >= 21, "{failures} failed writes counted");
+    // Room again: healthy by itself, with no request to find it out.
     std::fs::remove_file(&filler).unwrap();
     let started = Instant::now();
-    loop {
-        let (status, _, body) = admit("after".into());
-        if status == 200 {
-            break;
-        }
+    while get("/healthz").0 != 200 {
         assert!(
             started.elapsed() < Duration::from_secs(10),
-            "not admitting after the disk had room: {status} {body}"
+            "/healthz not ok after the disk had room"
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+    // And the same process admits; every acknowledged admission is kept.
+    let (status, _, body) = admit("after".into());
+    assert_eq!(status, 200, "{body}");
     let (status, _, inspect) = server.call("GET", "/v1/admin/inspect?limit=1", Some(ADMIN), None);
     assert_eq!(status, 200);
     // The refused admissions spent nothing: what is spent is what was acknowledged.
@@ -123,6 +161,11 @@ fn a_full_disk_answers_503_keeps_nothing_half_written_and_recovers() {
     );
     assert_eq!(inspect["slots"]["global"], accepted + 1);
     assert!(server.stop().success());
+    // One line when the store stopped writing and one when it wrote again, not one per
+    // refused request.
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    assert_eq!(log.matches("the store cannot write").count(), 1, "{log}");
+    assert_eq!(log.matches("the store writes again").count(), 1, "{log}");
     drop(disk);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -52,6 +52,8 @@ pub struct Metrics {
     pub abandoned: prometheus::IntCounter,
     /// Finished operations deleted for retention.
     pub retention_deleted: prometheus::IntCounter,
+    /// Writer batches the store could not write, by why (`disk_full`, `unreachable`).
+    pub store_write_failures: IntCounterVec,
 }
 
 impl Metrics {
@@ -181,8 +183,14 @@ impl Metrics {
             "Finished operations deleted after retention.operations_days",
         )
         .expect("a valid counter");
+        let store_write_failures = counters(
+            "tollgate_store_write_failures_total",
+            "Writer batches the store could not write, by why (disk_full, unreachable)",
+            &["kind"],
+        );
         for c in [
             Box::new(decisions.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(store_write_failures.clone()),
             Box::new(unknown_operations.clone()),
             Box::new(abandoned.clone()),
             Box::new(retention_deleted.clone()),
@@ -233,6 +241,7 @@ impl Metrics {
             unknown_operations,
             abandoned,
             retention_deleted,
+            store_write_failures,
         }
     }
 
@@ -306,5 +315,21 @@ impl tollgate::writer::WriterObserver for Metrics {
         self.abandoned.inc_by(s.abandoned.len() as u64);
         self.retention_deleted.inc_by(s.deleted);
         self.unknown_operations.set(s.unknown as i64);
+    }
+
+    fn write_failed(&self, trouble: &tollgate::writer::Trouble) {
+        self.store_write_failures
+            .with_label_values(&[trouble.kind])
+            .inc();
+    }
+
+    /// One log line per change of the store's state, never one per request.
+    fn store_state(&self, trouble: Option<&tollgate::writer::Trouble>) {
+        match trouble {
+            Some(t) => {
+                tracing::error!(kind = t.kind, error = %t.message, "the store cannot write: requests answer 503 store_unavailable until it can")
+            }
+            None => tracing::info!("the store writes again"),
+        }
     }
 }

@@ -5,7 +5,8 @@ use super::METRICS_FRESH_FOR;
 use super::{ServiceState, Shared};
 use crate::http::auth::admin;
 use crate::http::body::{json_body, read_body};
-use crate::http::refusal::{refuse, Refusal, Rejection};
+use crate::http::refusal::{refuse, refuse_until, Refusal, Rejection};
+use crate::http::STORE_RETRY_AFTER_MS;
 use crate::http::{AppState, Metrics};
 use crate::service::operations::store_refusal;
 use axum::body::{Body, Bytes};
@@ -19,13 +20,21 @@ use tollgate::engine::{Page, MOST_PER_PAGE};
 use tollgate::model::OpState;
 use tollgate::store::AnyStore;
 
-/// `GET /healthz`: ok while the writer takes jobs; 503 once it has stopped (the process
-/// then exits non-zero, for a supervisor to restart it).
+/// `GET /healthz`: ok while the writer takes jobs and the store writes; 503
+/// `store_unavailable` with the store's reason while it cannot write (its disk full, its
+/// connection lost: ok again by itself once it writes), 503 `writer_stopped` once the
+/// writer has stopped (the process then exits non-zero, for a supervisor to restart it).
 pub(super) async fn healthz(State(s): State<Shared>) -> Response {
-    if s.writer.is_running() {
-        "ok\n".into_response()
-    } else {
-        refuse(Rejection::WriterStopped).into_response()
+    if !s.writer.is_running() {
+        return refuse(Rejection::WriterStopped).into_response();
+    }
+    match s.writer.store_trouble() {
+        None => "ok\n".into_response(),
+        Some(t) => {
+            let mut refusal = refuse_until(Rejection::StoreUnavailable, STORE_RETRY_AFTER_MS);
+            refusal.message = format!("{} ({}: {})", refusal.message, t.kind, t.message);
+            refusal.into_response()
+        }
     }
 }
 
@@ -282,7 +291,13 @@ async fn metrics_answer(s: &ServiceState, per_tenant: bool) -> Result<Response, 
     let mut last = s.metrics_text.lock().await;
     let fresh = matches!(&*last, Some((made, _)) if made.elapsed() < METRICS_FRESH_FOR);
     if !fresh {
-        refresh_levels(s).await?;
+        // While the store cannot be reached or written the levels stay as last read: the
+        // counters (its write failures among them) are what an operator needs then.
+        if let Err(refusal) = refresh_levels(s).await {
+            if refusal.reason != Rejection::StoreUnavailable.reason() {
+                return Err(refusal);
+            }
+        }
         let text = Bytes::from(s.metrics.render(false));
         *last = Some((std::time::Instant::now(), text));
     }

@@ -282,6 +282,16 @@ impl<S: Store> Engine<S> {
         self.transaction(|tx| tx.set_meta(DOWNSTREAM, if available { "1" } else { "0" }))
     }
 
+    /// Writes one small row (`meta.write_probe`, the time given), to learn whether the
+    /// store can write now: what a writer that found it unable does while idle.
+    ///
+    /// # Errors
+    /// The store's error when it cannot write ([`StoreError::is_unavailable`] for a full
+    /// disk or a lost connection).
+    pub fn probe_write(&self, now_ms: i64) -> Result<(), StoreError> {
+        self.transaction(|tx| tx.set_meta("write_probe", &now_ms.to_string()))
+    }
+
     /// The state of every budget, slot, queue and operation at `now_ms`.
     pub fn inspect(&self, now_ms: i64) -> Result<Inspection, StoreError> {
         self.transaction(|tx| self.inspect_in(tx, now_ms, Some(&Page::all())))

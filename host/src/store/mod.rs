@@ -46,6 +46,10 @@ pub enum StoreError {
     /// nothing was written by the failed transaction. Worth retrying shortly.
     #[error("store unavailable: {0}")]
     Unavailable(String),
+    /// The store's disk is full (SQLite's `SQLITE_FULL`, PostgreSQL's `53100`): nothing of
+    /// the failed transaction was kept, and writes succeed again once there is room.
+    #[error("the store's disk is full: {0}")]
+    DiskFull(String),
     /// A batch of a shared store reached a row it had not named while another replica held
     /// it; the store undoes the batch and runs it again with the store to itself, so this
     /// never reaches a caller of [`Store::transaction_batch`].
@@ -59,7 +63,7 @@ impl From<rusqlite::Error> for StoreError {
     /// PostgreSQL connection is, so callers get 503 with a Retry-After, not 500.
     fn from(e: rusqlite::Error) -> Self {
         if e.sqlite_error_code() == Some(rusqlite::ErrorCode::DiskFull) {
-            return StoreError::Unavailable(format!("the disk is full: {e}"));
+            return StoreError::DiskFull(e.to_string());
         }
         StoreError::Database(Box::new(e))
     }
@@ -75,7 +79,17 @@ impl From<::postgres::Error> for StoreError {
 impl StoreError {
     /// Whether the failure is the store's absence, not the request's fault or a bug.
     pub fn is_unavailable(&self) -> bool {
-        matches!(self, StoreError::Unavailable(_))
+        matches!(self, StoreError::Unavailable(_) | StoreError::DiskFull(_))
+    }
+
+    /// Why the store cannot write now, as `tollgate_store_write_failures_total` names it:
+    /// `disk_full` or `unreachable` (`None`: the failure is not the store's absence).
+    pub fn unavailable_kind(&self) -> Option<&'static str> {
+        match self {
+            StoreError::DiskFull(_) => Some("disk_full"),
+            StoreError::Unavailable(_) => Some("unreachable"),
+            _ => None,
+        }
     }
 }
 

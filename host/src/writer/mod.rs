@@ -7,9 +7,13 @@
 //! engine's lock: the typed methods ([`Writer::admit`], [`Writer::complete`],
 //! [`Writer::dispatch`], …) each send one job and wait for its committed answer. Between
 //! batches the writer thread also keeps the engine up to date and swept (see
-//! [`crate::maintenance`]), so a program with a writer needs no other housekeeping.
+//! [`crate::maintenance`]), so a program with a writer needs no other housekeeping, and
+//! keeps whether the store can write (see `health`).
 
+mod health;
 mod intake;
+
+pub use health::{StoreHealth, Trouble};
 
 use crate::engine::{
     Answer, Completion, CompletionAnswer, Decision, DispatchAnswer, Engine, Inspection, Job,
@@ -77,6 +81,17 @@ pub trait WriterObserver: Send + Sync + 'static {
     fn swept(&self, sweep: &Sweep) {
         let _ = sweep;
     }
+
+    /// A batch could not be written for the store's absence (`trouble.kind`: `disk_full`
+    /// or `unreachable`); called for each such batch.
+    fn write_failed(&self, trouble: &Trouble) {
+        let _ = trouble;
+    }
+
+    /// The store stopped writing (`Some`) or writes again (`None`); called once per change.
+    fn store_state(&self, trouble: Option<&Trouble>) {
+        let _ = trouble;
+    }
 }
 
 /// Observes nothing.
@@ -94,6 +109,7 @@ struct Reply {
 /// commits) what it was given and ends once every handle is dropped.
 pub struct Writer {
     intake: Arc<Intake<(Job, Reply)>>,
+    health: Arc<StoreHealth>,
 }
 
 impl Clone for Writer {
@@ -101,6 +117,7 @@ impl Clone for Writer {
         self.intake.add_sender();
         Writer {
             intake: self.intake.clone(),
+            health: self.health.clone(),
         }
     }
 }
@@ -142,6 +159,8 @@ impl Writer {
         let follower = intake.clone();
         maintenance::follow_policy(engine.clone(), move || follower.is_closed());
         let taken = intake.clone();
+        let health = Arc::new(StoreHealth::default());
+        let found = health.clone();
         let handle = std::thread::Builder::new()
             .name(WRITER_THREAD.into())
             .spawn(move || {
@@ -150,6 +169,19 @@ impl Writer {
                 while let Some(batch) = taken.take(MAX_BATCH, maintenance::SYNC_EVERY) {
                     housekeeping.run_due();
                     if batch.is_empty() {
+                        // Idle while the store cannot write: a probe finds when it can.
+                        if found.probe_due(std::time::Instant::now()) {
+                            let now_ms = std::time::SystemTime::now()
+                                .duration_since(std::time::UNIX_EPOCH)
+                                .map_or(0, |d| d.as_millis() as i64);
+                            let trouble = engine
+                                .probe_write(now_ms)
+                                .err()
+                                .and_then(|e| Trouble::of(&e));
+                            if found.record(trouble.clone()) {
+                                observer.store_state(trouble.as_ref());
+                            }
+                        }
                         continue;
                     }
                     // Replicas on a shared store all use its clock, read in the batch's
@@ -158,6 +190,21 @@ impl Writer {
                     let started = std::time::Instant::now();
                     let result = engine.run_batch_at_store_time(&jobs);
                     observer.batch(jobs.len(), started.elapsed());
+                    // Whether the store wrote: a batch that failed for its absence, or
+                    // one of whose jobs did, says it cannot; one that committed, that it can.
+                    let trouble = match &result {
+                        Err(e) => Trouble::of(e),
+                        Ok(answers) => answers
+                            .iter()
+                            .find_map(|a| a.as_ref().err().and_then(Trouble::of)),
+                    };
+                    let wrote = result.is_ok() || trouble.is_some();
+                    if let Some(t) = &trouble {
+                        observer.write_failed(t);
+                    }
+                    if wrote && found.record(trouble.clone()) {
+                        observer.store_state(trouble.as_ref());
+                    }
                     let answers: Vec<Result<Answer, Failure>> = match result {
                         Ok(answers) => answers
                             .into_iter()
@@ -169,7 +216,12 @@ impl Writer {
                 }
             })
             .expect("spawn the writer thread");
-        (Writer { intake }, handle)
+        (Writer { intake, health }, handle)
+    }
+
+    /// Why the store cannot write now, as the writer last found it (`None`: it writes).
+    pub fn store_trouble(&self) -> Option<Trouble> {
+        self.health.trouble()
     }
 
     /// Whether the writer thread still takes jobs (it closes the intake when it ends,

@@ -169,6 +169,8 @@ impl PgStore {
             });
         if lost {
             StoreError::Unavailable(pe.to_string())
+        } else if pe.code().is_some_and(|c| c.code() == "53100") {
+            StoreError::DiskFull(pe.to_string())
         } else {
             e
         }
