@@ -45,16 +45,8 @@ fn a_stepped_wall_clock_never_refills_twice_or_past_capacity() {
         "tenants": {"acme": {"requests": {"capacity": 10, "refill_per_s": 0.01}},
                     "busy": {"requests": {"capacity": 1000000, "refill_per_s": 0}}},
     });
-    let config_path = dir.path().join("config.json");
-    std::fs::write(&config_path, config.to_string()).unwrap();
     let db = dir.path().join("state.db");
-    let args = [
-        "--config",
-        config_path.to_str().unwrap(),
-        "--db",
-        db.to_str().unwrap(),
-    ];
-    let (child, base) = common::spawn_serve_via(&args, |program| {
+    let server = Server::start_via(dir.path(), &config, &db, |program| {
         let mut command = Command::new(program);
         command
             .env("LD_PRELOAD", LIBFAKETIME)
@@ -66,7 +58,7 @@ fn a_stepped_wall_clock_never_refills_twice_or_past_capacity() {
             .stderr(std::process::Stdio::null());
         command
     });
-    let server = Arc::new(Server { child, base });
+    let server = Arc::new(server);
     // The deadline is far in every clock this test sets.
     let admit = |s: &Server, key: &str, caller: &str| -> (u16, Value) {
         let body = json!({"key": key, "route": "interactive", "input_tokens": 1,

@@ -11,7 +11,7 @@
 
 mod common;
 
-use common::server::now_ms;
+use common::server::{now_ms, Server};
 use serde_json::json;
 use std::io::Write;
 use std::process::Command;
@@ -71,30 +71,20 @@ fn a_full_disk_answers_503_keeps_nothing_half_written_and_recovers() {
                             "tokens": {"capacity": 1000000000, "refill_per_s": 0}},
         "tenants": {"acme": {}},
     });
-    let db = disk.0.join("state.db");
-    let config_path = dir.join("config.json");
-    std::fs::write(&config_path, config.to_string()).unwrap();
     let log_path = dir.join("serve.log");
     let log = std::fs::File::create(&log_path).unwrap();
-    let args = [
-        "--config",
-        config_path.to_str().unwrap(),
-        "--db",
-        db.to_str().unwrap(),
-    ];
-    let (child, base) = common::spawn_serve_via(&args, |program| {
+    let server = Server::start_via(&dir, &config, &disk.0.join("state.db"), |program| {
         let mut command = Command::new(program);
         command.stdout(std::process::Stdio::null()).stderr(log);
         command
     });
-    let server = common::server::Server { child, base };
-    let get = |path: &str| match ureq::get(&format!("{}{path}", server.base))
-        .set("Authorization", &format!("Bearer {ADMIN}"))
-        .call()
-    {
-        Ok(r) => (r.status(), r.into_string().unwrap()),
-        Err(ureq::Error::Status(s, r)) => (s, r.into_string().unwrap()),
-        Err(e) => panic!("{path}: {e}"),
+    // An admin GET: its status and its body as text.
+    let get = |path: &str| {
+        let (status, _, body) = server.call("GET", path, Some(ADMIN), None);
+        let text = body
+            .as_str()
+            .map_or_else(|| body.to_string(), str::to_string);
+        (status, text)
     };
     let filler = disk.0.join("filler");
     fill(&filler, 64 * 1024);

@@ -26,6 +26,11 @@ fn engine(models: Value) -> Engine<SqliteStore> {
         },
     }))
     .unwrap();
+    engine_on(file, SqliteStore::in_memory().unwrap())
+}
+
+/// An engine of `file`'s configuration with the standard policy, on `store`.
+fn engine_on(file: ConfigFile, store: SqliteStore) -> Engine<SqliteStore> {
     let runtime = Runtime::new().unwrap();
     let policy = runtime
         .load(
@@ -33,12 +38,7 @@ fn engine(models: Value) -> Engine<SqliteStore> {
             file.engine.policy_limits(),
         )
         .unwrap();
-    Engine::new(
-        file.engine,
-        SqliteStore::in_memory().unwrap(),
-        runtime,
-        Arc::new(policy),
-    )
+    Engine::new(file.engine, store, runtime, Arc::new(policy))
 }
 
 fn call(key: &str, model: &str) -> Value {
@@ -384,15 +384,7 @@ fn a_call_admitted_before_deployments_completes_after_them_and_holds_none() {
             config["gateway"] = g;
         }
         let file = ConfigFile::from_json(&config).unwrap();
-        let runtime = Runtime::new().unwrap();
-        let policy = runtime
-            .load(
-                builtin::get("standard").unwrap(),
-                file.engine.policy_limits(),
-            )
-            .unwrap();
-        let store = SqliteStore::open(&path).unwrap();
-        Engine::new(file.engine, store, runtime, Arc::new(policy))
+        engine_on(file, SqliteStore::open(&path).unwrap())
     };
     // As the release before deployments admitted it: the model has no deployment.
     let before = start(None);

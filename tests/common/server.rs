@@ -36,6 +36,28 @@ impl Server {
         );
         Server { child, base }
     }
+
+    /// `config` written to `dir/config.json`, on the store `db`, started by the command
+    /// `launch` makes from the executable's path (an environment, a log file, a shell that
+    /// lowers a limit first).
+    pub fn start_via(
+        dir: &Path,
+        config: &Value,
+        db: &Path,
+        launch: impl FnOnce(&str) -> Command,
+    ) -> Server {
+        let config_path = dir.join("config.json");
+        std::fs::write(&config_path, config.to_string()).unwrap();
+        let args = [
+            "--config",
+            config_path.to_str().unwrap(),
+            "--db",
+            db.to_str().unwrap(),
+        ];
+        let (child, base) = super::spawn_serve_via(&args, launch);
+        Server { child, base }
+    }
+
     /// SIGTERM, then the exit status.
     pub fn stop(mut self) -> std::process::ExitStatus {
         let pid = self.child.id().to_string();
