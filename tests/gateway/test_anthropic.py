@@ -4,9 +4,7 @@ SDK pointed at `tollgate serve`, in front of a stub that speaks Anthropic's API
 TOLLGATE_BIN."""
 import json
 import os
-import subprocess
 import sys
-import tempfile
 import time
 import unittest
 import urllib.request
@@ -15,6 +13,7 @@ import anthropic
 
 sys.path.insert(0, os.path.dirname(__file__))
 import anthropic_upstream as stub  # noqa: E402
+import serving  # noqa: E402
 
 ADMIN = "admin-key"
 KEYS = {"acme": "acme-key", "paced": "paced-key", "cut": "cut-key", "priced": "priced-key",
@@ -31,20 +30,11 @@ COST = (stub.INPUT_TOKENS * 10 + stub.CACHE_READ_TOKENS * 1 + stub.CACHE_WRITE_T
         + stub.OUTPUT_TOKENS * 20)
 
 
-def free_port():
-    import socket
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
 
 class Messages(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.stub = stub.start()
-        cls.dir = tempfile.TemporaryDirectory()
         config = {
             "refund_unused_tokens": True,
             "auth": {"callers": {v: k for k, v in KEYS.items()}, "admins": [ADMIN]},
@@ -77,33 +67,13 @@ class Messages(unittest.TestCase):
                 "default_timeout_ms": 20000,
             },
         }
-        path = os.path.join(cls.dir.name, "config.json")
-        with open(path, "w") as f:
-            json.dump(config, f)
-        cls.port = free_port()
-        cls.base = f"http://127.0.0.1:{cls.port}"
-        env = dict(os.environ, ANTHROPIC_STUB_KEY="upstream-secret")
-        cls.log = open(os.path.join(cls.dir.name, "serve.log"), "w")
-        cls.server = subprocess.Popen(
-            [os.environ["TOLLGATE_BIN"], "serve", "--config", path,
-             "--db", os.path.join(cls.dir.name, "state.db"), "--listen", f"127.0.0.1:{cls.port}"],
-            env=env, stdout=subprocess.DEVNULL, stderr=cls.log)
-        for _ in range(300):
-            try:
-                urllib.request.urlopen(cls.base + "/healthz", timeout=1)
-                break
-            except OSError:
-                time.sleep(0.05)
-        else:
-            raise RuntimeError("tollgate serve did not start")
+        cls.serving = serving.Serving(config, env=dict(ANTHROPIC_STUB_KEY="upstream-secret"))
+        cls.base = cls.serving.base
 
     @classmethod
     def tearDownClass(cls):
-        cls.server.terminate()
-        cls.server.wait(30)
+        cls.serving.stop()
         cls.stub.shutdown()
-        cls.log.close()
-        cls.dir.cleanup()
 
     def client(self, tenant="acme", **kw):
         return anthropic.Anthropic(api_key=KEYS[tenant], base_url=self.base, **kw)

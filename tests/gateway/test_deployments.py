@@ -6,9 +6,7 @@ falling `x-ratelimit-remaining-tokens` holds calls back; fallbacks serve only wh
 configured; an adaptive limit learns a stub's concurrency. Run by tests/gateway.rs."""
 import json
 import os
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 import unittest
@@ -18,18 +16,11 @@ import openai
 
 sys.path.insert(0, os.path.dirname(__file__))
 import limited_upstream  # noqa: E402
+import serving  # noqa: E402
 
 ADMIN = "admin-key"
 KEY = "acme-key"
 
-
-def free_port():
-    import socket
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def stats(stub):
@@ -69,7 +60,6 @@ class Deployments(unittest.TestCase):
         }
         up = {name: {"base_url": f"http://127.0.0.1:{s.server_address[1]}/v1"}
               for name, s in cls.stubs.items()}
-        cls.dir = tempfile.TemporaryDirectory()
         config = {
             "auth": {"callers": {KEY: "acme"}, "admins": [ADMIN]},
             "global": {"requests": {"capacity": 100000, "refill_per_s": 0}, "concurrency": 100},
@@ -100,33 +90,14 @@ class Deployments(unittest.TestCase):
                 "default_timeout_ms": 20000,
             },
         }
-        path = os.path.join(cls.dir.name, "config.json")
-        with open(path, "w") as f:
-            json.dump(config, f)
-        cls.port = free_port()
-        cls.base = f"http://127.0.0.1:{cls.port}"
-        cls.log = open(os.path.join(cls.dir.name, "serve.log"), "w")
-        cls.server = subprocess.Popen(
-            [os.environ["TOLLGATE_BIN"], "serve", "--config", path,
-             "--db", os.path.join(cls.dir.name, "state.db"), "--listen", f"127.0.0.1:{cls.port}"],
-            stdout=subprocess.DEVNULL, stderr=cls.log)
-        for _ in range(300):
-            try:
-                urllib.request.urlopen(cls.base + "/healthz", timeout=1)
-                break
-            except OSError:
-                time.sleep(0.05)
-        else:
-            raise RuntimeError("tollgate serve did not start")
+        cls.serving = serving.Serving(config)
+        cls.base = cls.serving.base
 
     @classmethod
     def tearDownClass(cls):
-        cls.server.terminate()
-        cls.server.wait(30)
+        cls.serving.stop()
         for s in cls.stubs.values():
             s.shutdown()
-        cls.log.close()
-        cls.dir.cleanup()
 
     def client(self, **kw):
         return openai.OpenAI(api_key=KEY, base_url=self.base + "/v1", max_retries=0, **kw)

@@ -3,9 +3,7 @@ at `tollgate serve`, in front of the stub upstream (stub_upstream.py). Run by
 tests/gateway.rs, which gives the `tollgate` executable in TOLLGATE_BIN."""
 import json
 import os
-import subprocess
 import sys
-import tempfile
 import time
 import unittest
 import urllib.request
@@ -13,6 +11,7 @@ import urllib.request
 import openai
 
 sys.path.insert(0, os.path.dirname(__file__))
+import serving  # noqa: E402
 import stub_upstream  # noqa: E402
 
 ADMIN = "admin-key"
@@ -21,21 +20,12 @@ KEYS = {"acme": "acme-key", "globex": "globex-key", "tight": "tight-key", "slott
 MODEL = "gpt-4o-mini"
 
 
-def free_port():
-    import socket
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
 
 class Gateway(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.stub = stub_upstream.start()
         stub_port = cls.stub.server_address[1]
-        cls.dir = tempfile.TemporaryDirectory()
         config = {
             "refund_unused_tokens": True,
             "auth": {"callers": {v: k for k, v in KEYS.items()}, "admins": [ADMIN]},
@@ -70,33 +60,13 @@ class Gateway(unittest.TestCase):
                 "default_timeout_ms": 20000,
             },
         }
-        path = os.path.join(cls.dir.name, "config.json")
-        with open(path, "w") as f:
-            json.dump(config, f)
-        cls.port = free_port()
-        cls.base = f"http://127.0.0.1:{cls.port}"
-        env = dict(os.environ, STUB_UPSTREAM_KEY="upstream-secret")
-        cls.log = open(os.path.join(cls.dir.name, "serve.log"), "w")
-        cls.server = subprocess.Popen(
-            [os.environ["TOLLGATE_BIN"], "serve", "--config", path,
-             "--db", os.path.join(cls.dir.name, "state.db"), "--listen", f"127.0.0.1:{cls.port}"],
-            env=env, stdout=subprocess.DEVNULL, stderr=cls.log)
-        for _ in range(300):
-            try:
-                urllib.request.urlopen(cls.base + "/healthz", timeout=1)
-                break
-            except OSError:
-                time.sleep(0.05)
-        else:
-            raise RuntimeError("tollgate serve did not start")
+        cls.serving = serving.Serving(config, env=dict(STUB_UPSTREAM_KEY="upstream-secret"))
+        cls.base = cls.serving.base
 
     @classmethod
     def tearDownClass(cls):
-        cls.server.terminate()
-        cls.server.wait(30)
+        cls.serving.stop()
         cls.stub.shutdown()
-        cls.log.close()
-        cls.dir.cleanup()
 
     def client(self, tenant="acme", **kw):
         return openai.OpenAI(api_key=KEYS[tenant], base_url=self.base + "/v1", **kw)
