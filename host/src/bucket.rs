@@ -1,8 +1,12 @@
 //! Token-bucket arithmetic: pure functions of a bucket's stored state, its limits and the time.
+//! A bucket either refills continuously at its rate, or (a period budget) is full again at
+//! each boundary of its calendar period and not before.
 //!
 //! Balances are kept in micro-credits and refill rates in milli-credits per second, so that a
 //! refill over whole milliseconds is exact integer arithmetic (`rate_milli * elapsed_ms`
 //! micro-credits) for any rate with up to three decimals, such as 0.5 requests per second.
+
+use crate::calendar::Calendar;
 
 /// Micro-credits in one credit.
 pub const MICRO: i64 = 1_000_000;
@@ -14,6 +18,8 @@ pub struct Limits {
     pub capacity_micro: i64,
     /// Refill in milli-credits per second (one milli-credit per second is one micro-credit per ms).
     pub refill_milli_per_s: i64,
+    /// For a period budget, its calendar (and its refill rate is 0).
+    pub period: Option<Calendar>,
 }
 
 impl Limits {
@@ -23,7 +29,23 @@ impl Limits {
         Limits {
             capacity_micro: (capacity * MICRO as f64).round() as i64,
             refill_milli_per_s: (refill_per_s * 1000.0).round() as i64,
+            period: None,
         }
+    }
+
+    /// A period budget of `limit` credits, full again at each boundary of `calendar`.
+    pub fn per_period(limit: f64, calendar: Calendar) -> Self {
+        Limits {
+            capacity_micro: (limit * MICRO as f64).round() as i64,
+            refill_milli_per_s: 0,
+            period: Some(calendar),
+        }
+    }
+
+    /// When a period budget last touched at `updated_ms` is full again (`None`: it refills
+    /// continuously).
+    pub fn resets_at(&self, updated_ms: i64) -> Option<i64> {
+        Some(self.period?.next_reset(updated_ms))
     }
 }
 
@@ -47,11 +69,24 @@ impl State {
 
     /// The state refilled up to `now_ms`. A clock that steps backwards adds nothing and
     /// leaves `updated_ms` where it was, so it can never mint credits.
+    /// A period budget is full again once a boundary of its period lies after `updated_ms`
+    /// and at or before `now_ms`; otherwise it keeps its balance.
     pub fn refilled(self, limits: Limits, now_ms: i64) -> Self {
         if now_ms <= self.updated_ms {
             return State {
                 balance_micro: self.balance_micro.min(limits.capacity_micro),
                 ..self
+            };
+        }
+        if let Some(calendar) = limits.period {
+            let balance = if now_ms >= calendar.next_reset(self.updated_ms) {
+                limits.capacity_micro
+            } else {
+                self.balance_micro.min(limits.capacity_micro)
+            };
+            return State {
+                balance_micro: balance,
+                updated_ms: now_ms,
             };
         }
         let elapsed = i128::from(now_ms - self.updated_ms);
@@ -69,7 +104,8 @@ impl State {
         self.balance_micro.div_euclid(MICRO)
     }
 
-    /// Takes `credits`, or says how long until they are there.
+    /// Takes `credits`, or says how long until they are there (for a period budget, until its
+    /// next reset).
     pub fn spend(self, limits: Limits, credits: u64) -> Result<State, Shortage> {
         let need = need_micro(credits);
         if need > i128::from(limits.capacity_micro) {
@@ -80,6 +116,11 @@ impl State {
                 balance_micro: (i128::from(self.balance_micro) - need) as i64,
                 ..self
             });
+        }
+        if let Some(reset) = limits.resets_at(self.updated_ms) {
+            return Err(Shortage::RetryAfterMs(
+                reset.saturating_sub(self.updated_ms).max(0) as u64,
+            ));
         }
         if limits.refill_milli_per_s <= 0 {
             return Err(Shortage::NoRefill);
@@ -176,14 +217,60 @@ mod tests {
         assert_eq!(s.spend(l, 1), Err(Shortage::NoRefill));
     }
 
+    #[test]
+    fn a_period_budget_is_full_again_at_its_boundary_and_not_before() {
+        let day = Calendar::new(crate::calendar::Period::Day, "UTC").unwrap();
+        let l = Limits::per_period(10.0, day);
+        let noon = 12 * 3_600_000;
+        let s = State::full(l, noon).spend(l, 10).unwrap();
+        // Short until midnight: the retry-after is the reset.
+        assert_eq!(s.spend(l, 1), Err(Shortage::RetryAfterMs(12 * 3_600_000)));
+        assert_eq!(s.refilled(l, 86_400_000 - 1).whole_credits(), 0);
+        assert_eq!(s.refilled(l, 86_400_000).whole_credits(), 10);
+        assert_eq!(s.spend(l, 11), Err(Shortage::NeverFits));
+        // Back in time: nothing.
+        assert_eq!(s.refilled(l, 0), s);
+    }
+
     proptest! {
+        #[test]
+        fn a_period_budget_never_grants_more_than_its_limit_in_one_period(
+            limit in 0u32..1000,
+            ops in proptest::collection::vec((0i64..7_200_000, 0u64..300, any::<bool>()), 1..80),
+        ) {
+            let hour = Calendar::new(crate::calendar::Period::Hour, "UTC").unwrap();
+            let l = Limits::per_period(f64::from(limit), hour);
+            let mut s = State::full(l, 0);
+            let mut now = 0i64;
+            let mut spent: std::collections::BTreeMap<i64, u64> = Default::default();
+            let mut refunded: std::collections::BTreeMap<i64, u64> = Default::default();
+            for (step, credits, refund) in ops {
+                now += step;
+                s = s.refilled(l, now);
+                let period = now.div_euclid(3_600_000);
+                if refund {
+                    // Refunds return at most what was spent in the period.
+                    let back = credits.min(spent.get(&period).copied().unwrap_or(0)
+                        - refunded.get(&period).copied().unwrap_or(0));
+                    s = s.refund(l, back);
+                    *refunded.entry(period).or_default() += back;
+                } else if let Ok(next) = s.spend(l, credits) {
+                    s = next;
+                    *spent.entry(period).or_default() += credits;
+                }
+                let net = spent.get(&period).copied().unwrap_or(0) - refunded.get(&period).copied().unwrap_or(0);
+                prop_assert!(net <= u64::from(limit));
+                prop_assert!(s.balance_micro >= 0 && s.balance_micro <= l.capacity_micro);
+            }
+        }
+
         #[test]
         fn balance_stays_within_zero_and_capacity(
             capacity in 0u32..1_000_000,
             refill_milli in 0i64..10_000_000,
             ops in proptest::collection::vec((0i64..5_000, 0u64..2_000_000, any::<bool>()), 1..60),
         ) {
-            let l = Limits { capacity_micro: i64::from(capacity) * MICRO, refill_milli_per_s: refill_milli };
+            let l = Limits { capacity_micro: i64::from(capacity) * MICRO, refill_milli_per_s: refill_milli, period: None };
             let mut s = State::full(l, 0);
             let mut now = 0i64;
             for (step, credits, refund) in ops {

@@ -139,6 +139,7 @@ fn plain_text(reason: Reason) -> &'static str {
         Reason::ModelTokenBudget => "the model's token budget is short",
         Reason::CostBudget => "the tenant's money budget is short",
         Reason::DeploymentCapacity => "no deployment of the model can take the call now",
+        Reason::GroupBudget => "a budget of the tenant's group is short",
     }
 }
 
@@ -182,6 +183,7 @@ pub fn message(
                 | Reason::ModelRate
                 | Reason::ModelTokenBudget
                 | Reason::CostBudget
+                | Reason::GroupBudget
         ) =>
         {
             text.push_str("; the budget does not refill, waiting cannot cure it")

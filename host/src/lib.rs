@@ -27,6 +27,7 @@
 //! program of its own that builds the library without PostgreSQL.
 
 pub mod bucket;
+pub mod calendar;
 pub mod config;
 pub mod engine;
 pub mod explain;

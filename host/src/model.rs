@@ -513,6 +513,11 @@ pub mod names {
         format!("tenant.{tenant}.cost_microusd")
     }
 
+    /// A group's budget: `requests`, `tokens` or `cost_microusd`.
+    pub fn group_budget(group: &str, budget: &str) -> String {
+        format!("group.{group}.{budget}")
+    }
+
     /// A tenant's concurrency scope.
     pub fn tenant_slots(tenant: &str) -> String {
         format!("tenant.{tenant}")

@@ -77,6 +77,9 @@ pub enum Reason {
     /// No deployment of the gateway model (nor of its fallbacks) can take the call now:
     /// each is short, paused by the provider's retry-after, or ejected.
     DeploymentCapacity,
+    /// A budget of the tenant's group, or of a group above it, is short
+    /// (`group.<g>.<budget>`).
+    GroupBudget,
 }
 
 impl Reason {
@@ -102,6 +105,7 @@ impl Reason {
             Reason::ModelTokenBudget => "model_token_budget",
             Reason::CostBudget => "cost_budget",
             Reason::DeploymentCapacity => "deployment_capacity",
+            Reason::GroupBudget => "group_budget",
         }
     }
 
@@ -119,7 +123,8 @@ impl Reason {
             | Reason::ModelRate
             | Reason::ModelTokenBudget
             | Reason::CostBudget
-            | Reason::DeploymentCapacity => 429,
+            | Reason::DeploymentCapacity
+            | Reason::GroupBudget => 429,
             Reason::GlobalRate
             | Reason::GlobalConcurrency
             | Reason::Overloaded

@@ -1,5 +1,6 @@
 //! The operators' endpoints for the directory: tenants and keys, changed at run time and
-//! kept in the store (every replica on it takes a change up within a second).
+//! kept in the store (every replica on it takes a change up within a second). Groups have
+//! theirs in `groups.rs`.
 
 use super::Shared;
 use crate::http::auth::admin;
@@ -17,11 +18,12 @@ use tollgate::engine::Engine;
 use tollgate::store::AnyStore;
 
 /// A directory refusal: its status, reason word and message.
-fn refused(e: DirectoryError) -> Response {
+pub(super) fn refused(e: DirectoryError) -> Response {
     let (status, reason) = match &e {
         DirectoryError::Invalid(_) => (StatusCode::BAD_REQUEST, "invalid_request"),
         DirectoryError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
         DirectoryError::Busy(_) => (StatusCode::CONFLICT, "tenant_busy"),
+        DirectoryError::GroupInUse(..) => (StatusCode::CONFLICT, "group_in_use"),
         DirectoryError::LastAdmin => (StatusCode::CONFLICT, "last_admin_key"),
         DirectoryError::OwnedByConfiguration(_) => (StatusCode::CONFLICT, "owned_by_configuration"),
         DirectoryError::Store(_) => (StatusCode::SERVICE_UNAVAILABLE, "store_unavailable"),
@@ -35,7 +37,7 @@ fn refused(e: DirectoryError) -> Response {
 }
 
 /// Runs a directory change off the async workers (it takes the store's lock).
-async fn blocking<T: Send + 'static>(
+pub(super) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, DirectoryError> + Send + 'static,
 ) -> Result<Result<T, DirectoryError>, Refusal> {
     tokio::task::spawn_blocking(f)
@@ -54,8 +56,8 @@ fn tenant_view(engine: &Engine<AnyStore>, name: &str) -> Option<Value> {
     }))
 }
 
-/// A tenant name from the path: UTF-8 of 1 to 255 bytes.
-fn tenant_name(name: OpKey) -> Result<String, Refusal> {
+/// A tenant or group name from the path: UTF-8 of 1 to 255 bytes.
+pub(super) fn tenant_name(name: OpKey) -> Result<String, Refusal> {
     match name.0 {
         Some(n) if (1..=255).contains(&n.len()) => Ok(n),
         _ => Err(refuse(Rejection::InvalidRequest)),

@@ -14,6 +14,7 @@
 
 mod admin;
 mod directory;
+mod groups;
 mod operations;
 mod ui;
 mod watch;
@@ -108,6 +109,13 @@ pub fn router(state: Shared) -> Router {
             get(directory::tenant_get)
                 .put(directory::tenant_put)
                 .delete(directory::tenant_delete),
+        )
+        .route("/v1/admin/groups", get(groups::groups_list))
+        .route(
+            "/v1/admin/groups/{group}",
+            get(groups::group_get)
+                .put(groups::group_put)
+                .delete(groups::group_delete),
         )
         .route(
             "/v1/admin/keys",

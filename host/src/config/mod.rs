@@ -4,17 +4,22 @@
 //! [`ConfigFile`] is a whole file: the engine's part plus `auth`, `policy` and the server's
 //! limits.
 
+mod budget;
 mod file;
 mod gateway;
+mod groups;
 mod price;
 pub use file::{bare_worker_name, ConfigFile, ConfigFileError, Role, DEFAULT_MAX_CONNECTIONS};
 pub use gateway::{
     Concurrency, Deployment, GatewayConfig, GatewayModel, Routing, Upstream, UpstreamKind,
     MAX_DEPLOYMENTS, TOKENIZERS,
 };
+pub use budget::{BucketConfig, DEFAULT_TIMEZONE};
+pub use groups::{GroupConfig, MAX_GROUP_DEPTH};
 pub use price::Price;
 
-use crate::bucket::Limits;
+use budget::BucketOverlay;
+
 use crate::model::names;
 use crate::runtime::{PolicyLimits, MAX_POLICY_MEMORY};
 use serde::{Deserialize, Serialize};
@@ -24,53 +29,6 @@ use std::collections::BTreeMap;
 #[derive(Debug, thiserror::Error)]
 #[error("invalid configuration: {0}")]
 pub struct ConfigError(pub String);
-
-/// A bucket's capacity and refill rate, in credits.
-#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct BucketConfig {
-    /// Most credits the bucket holds; it starts full.
-    pub capacity: f64,
-    /// Credits added per second (0: a hard budget).
-    pub refill_per_s: f64,
-}
-
-impl BucketConfig {
-    /// The exact integer limits the bucket arithmetic runs on.
-    pub fn limits(&self) -> Limits {
-        Limits::from_credits(self.capacity, self.refill_per_s)
-    }
-
-    /// Capacity and refill are finite numbers from 0 to 1e12; `name` says whose in the error.
-    pub(crate) fn check(&self, name: &str) -> Result<(), ConfigError> {
-        let ok = |x: f64| x.is_finite() && (0.0..=1e12).contains(&x);
-        if !ok(self.capacity) || !ok(self.refill_per_s) {
-            return Err(ConfigError(format!(
-                "{name}: capacity and refill_per_s must be numbers from 0 to 1e12"
-            )));
-        }
-        Ok(())
-    }
-}
-
-/// A bucket given field by field over another.
-#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct BucketOverlay {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) capacity: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) refill_per_s: Option<f64>,
-}
-
-impl BucketOverlay {
-    fn over(&self, base: BucketConfig) -> BucketConfig {
-        BucketConfig {
-            capacity: self.capacity.unwrap_or(base.capacity),
-            refill_per_s: self.refill_per_s.unwrap_or(base.refill_per_s),
-        }
-    }
-}
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
@@ -104,6 +62,9 @@ pub(crate) struct TenantOverlay {
     /// The tenant's money budget, in micro-dollars.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) cost_microusd: Option<BucketConfig>,
+    /// The group (of the `groups` section) whose budgets the tenant's calls draw on too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) group: Option<String>,
 }
 
 /// A tenant's budget for one model.
@@ -175,6 +136,7 @@ pub(crate) struct ConfigInput {
     pub(crate) scheduler: SchedulerInput,
     pub(crate) policy_params: BTreeMap<String, serde_json::Value>,
     pub(crate) models: Option<BTreeMap<String, ModelConfig>>,
+    pub(crate) groups: BTreeMap<String, groups::GroupInput>,
 }
 
 /// How dispatch shares claims between tenants.
@@ -204,6 +166,8 @@ pub struct TenantConfig {
     pub models: BTreeMap<String, BucketConfig>,
     /// The tenant's money budget in micro-dollars (`None`: no money limit).
     pub cost_microusd: Option<BucketConfig>,
+    /// The tenant's group, whose budgets and its ancestors' its calls draw on too.
+    pub group: Option<String>,
 }
 
 /// The effective configuration, every default applied and every value checked.
@@ -222,6 +186,9 @@ pub struct Config {
     pub global_concurrency: u32,
     /// The tenants by name, each with the defaults applied.
     pub tenants: BTreeMap<String, TenantConfig>,
+    /// The groups by name: budgets that every tenant of the group, and of the groups under
+    /// it, draws on.
+    pub groups: BTreeMap<String, GroupConfig>,
     /// Largest admission (`size_bytes`) and HTTP body.
     pub max_request_bytes: u64,
     /// Largest policy component accepted.
@@ -295,21 +262,16 @@ impl Config {
 
     pub(crate) fn from_input(input: ConfigInput) -> Result<Config, ConfigError> {
         let base_tenant = TenantConfig {
-            requests: BucketConfig {
-                capacity: 10.0,
-                refill_per_s: 5.0,
-            },
-            tokens: BucketConfig {
-                capacity: 20000.0,
-                refill_per_s: 1000.0,
-            },
+            requests: BucketConfig::refilling(10.0, 5.0),
+            tokens: BucketConfig::refilling(20000.0, 1000.0),
             concurrency: None,
             queue_limit: 8,
             weight: 1,
             models: BTreeMap::new(),
             cost_microusd: None,
+            group: None,
         };
-        let defaults = overlay(&base_tenant, &input.tenant_defaults);
+        let defaults = overlay(&base_tenant, &input.tenant_defaults, "tenant_defaults")?;
         let mut tenants = BTreeMap::new();
         for (name, entry) in &input.tenants {
             if name.is_empty() || name.len() > 255 {
@@ -317,7 +279,8 @@ impl Config {
                     "tenant name {name:?} must be 1 to 255 bytes"
                 )));
             }
-            tenants.insert(name.clone(), overlay(&defaults, entry));
+            let field = format!("tenants.{name}");
+            tenants.insert(name.clone(), overlay(&defaults, entry, &field)?);
         }
         let mut policy_params: BTreeMap<String, f64> = DEFAULT_POLICY_PARAMS
             .iter()
@@ -366,12 +329,13 @@ impl Config {
             seed: input.seed.unwrap_or(7),
             refund_unused_tokens: input.refund_unused_tokens.unwrap_or(false),
             api_may_change_file_entries: input.api_may_change_file_entries.unwrap_or(false),
-            global_requests: input.global.requests.over(BucketConfig {
-                capacity: 100.0,
-                refill_per_s: 50.0,
-            }),
+            global_requests: input
+                .global
+                .requests
+                .over(BucketConfig::refilling(100.0, 50.0), "global.requests")?,
             global_concurrency: input.global.concurrency.unwrap_or(8),
             tenants,
+            groups: groups::effective(&input.groups)?,
             max_request_bytes: input.limits.max_request_bytes.unwrap_or(65536),
             max_policy_bytes: input
                 .limits
@@ -475,11 +439,21 @@ impl Config {
                 buckets.push((names::tenant_model_tokens(name, model), *b));
             }
             buckets.extend(t.cost_microusd.map(|b| (names::tenant_cost(name), b)));
+            if let Some(g) = &t.group {
+                if !self.groups.contains_key(g) {
+                    return Err(ConfigError(format!(
+                        "tenants.{name}.group: {g:?} is not a group of the `groups` section"
+                    )));
+                }
+            }
             if t.weight == 0 {
                 return Err(ConfigError(format!(
                     "tenants.{name}.weight must be at least 1"
                 )));
             }
+        }
+        for (name, g) in &self.groups {
+            buckets.extend(g.buckets(name).map(|(n, b)| (n, *b)));
         }
         for (name, b) in buckets {
             b.check(&name)?;
@@ -512,18 +486,44 @@ impl Config {
         &self,
         tenants: &BTreeMap<String, serde_json::Value>,
     ) -> Result<Config, ConfigError> {
+        self.with_written(tenants, &self.written_groups())
+    }
+
+    /// This configuration with `tenants` and `groups` (each as written, JSON) in place of its
+    /// own, checked as a file's would be.
+    pub fn with_written(
+        &self,
+        tenants: &BTreeMap<String, serde_json::Value>,
+        groups: &BTreeMap<String, serde_json::Value>,
+    ) -> Result<Config, ConfigError> {
+        fn parse<T: serde::de::DeserializeOwned>(
+            section: &str,
+            entries: &BTreeMap<String, serde_json::Value>,
+        ) -> Result<BTreeMap<String, T>, ConfigError> {
+            entries
+                .iter()
+                .map(|(name, written)| {
+                    serde_json::from_value(written.clone())
+                        .map(|t| (name.clone(), t))
+                        .map_err(|e| ConfigError(format!("{section}.{name}: {e}")))
+                })
+                .collect()
+        }
         let mut input = self.written.clone();
-        input.tenants = tenants
-            .iter()
-            .map(|(name, written)| {
-                serde_json::from_value(written.clone())
-                    .map(|t| (name.clone(), t))
-                    .map_err(|e| ConfigError(format!("tenants.{name}: {e}")))
-            })
-            .collect::<Result<_, _>>()?;
+        input.tenants = parse("tenants", tenants)?;
+        input.groups = parse("groups", groups)?;
         let mut config = Config::from_input(input)?;
         config.routing = self.routing.clone();
         Ok(config)
+    }
+
+    /// Every group as written (JSON).
+    pub fn written_groups(&self) -> BTreeMap<String, serde_json::Value> {
+        self.written
+            .groups
+            .iter()
+            .map(|(name, g)| (name.clone(), serde_json::to_value(g).unwrap_or_default()))
+            .collect()
     }
 
     /// Every tenant as written (JSON), fields left to the defaults absent.
@@ -540,6 +540,19 @@ impl Config {
         self.tenants.get(name)
     }
 
+    /// The tenant's group and its ancestors, nearest first (empty: no group).
+    pub fn group_chain(&self, tenant: &str) -> Vec<&str> {
+        self.group_chain_of(self.tenant(tenant).and_then(|t| t.group.as_deref()))
+    }
+
+    /// A group and its ancestors, nearest first (empty: no group).
+    pub fn group_chain_of<'a>(&'a self, group: Option<&'a str>) -> Vec<&'a str> {
+        match group {
+            Some(g) => groups::chain_of(&self.groups, g),
+            None => Vec::new(),
+        }
+    }
+
     /// A model of the `models` section.
     pub fn model(&self, name: &str) -> Option<&ModelConfig> {
         self.models.as_ref()?.get(name)
@@ -551,10 +564,15 @@ impl Config {
     }
 }
 
-fn overlay(base: &TenantConfig, o: &TenantOverlay) -> TenantConfig {
-    TenantConfig {
-        requests: o.requests.map_or(base.requests, |b| b.over(base.requests)),
-        tokens: o.tokens.map_or(base.tokens, |b| b.over(base.tokens)),
+fn overlay(base: &TenantConfig, o: &TenantOverlay, field: &str) -> Result<TenantConfig, ConfigError> {
+    let bucket = |o: &Option<BucketOverlay>, base: BucketConfig, name: &str| match o {
+        Some(b) => b.over(base, &format!("{field}.{name}")),
+        None => Ok(base),
+    };
+    Ok(TenantConfig {
+        requests: bucket(&o.requests, base.requests, "requests")?,
+        tokens: bucket(&o.tokens, base.tokens, "tokens")?,
+        group: o.group.clone().or_else(|| base.group.clone()),
         concurrency: o.concurrency.unwrap_or(base.concurrency),
         queue_limit: o.queue_limit.unwrap_or(base.queue_limit),
         weight: o.weight.unwrap_or(base.weight),
@@ -566,7 +584,7 @@ fn overlay(base: &TenantConfig, o: &TenantOverlay) -> TenantConfig {
             None => base.models.clone(),
         },
         cost_microusd: o.cost_microusd.or(base.cost_microusd),
-    }
+    })
 }
 
 /// `limits.max_call_ms` when not given: ten minutes, longer than any provider lets a
@@ -598,13 +616,7 @@ mod tests {
         }))
         .unwrap();
         let a = c.tenant("a").unwrap();
-        assert_eq!(
-            a.tokens,
-            BucketConfig {
-                capacity: 1000.0,
-                refill_per_s: 3.0
-            }
-        );
+        assert_eq!(a.tokens, BucketConfig::refilling(1000.0, 3.0));
         assert_eq!(a.weight, 2);
         assert_eq!(c.tenant("b").unwrap().tokens.refill_per_s, 1000.0);
         assert_eq!(c.global_requests.capacity, 100.0);

@@ -153,6 +153,13 @@ pub(crate) struct Budgets {
     pub tenant_model_tokens: Option<BucketRef>,
     /// The tenant's money budget, when both it and the model's price are configured.
     pub tenant_cost: Option<BucketRef>,
+    /// The request budgets of the tenant's group and of every group above it.
+    pub group_requests: Vec<BucketRef>,
+    /// The token budgets of the tenant's group and of every group above it.
+    pub group_tokens: Vec<BucketRef>,
+    /// The money budgets of the tenant's group and of every group above it, when the
+    /// model has a price.
+    pub group_cost: Vec<BucketRef>,
     pub price: Option<Price>,
     pub tenant_slots: Option<SlotRef>,
     pub global_slots: SlotRef,
@@ -224,10 +231,43 @@ impl Budgets {
         }
     }
 
+    /// Every budget of every group, by bucket name.
+    pub fn of_groups(config: &Config) -> Vec<BucketRef> {
+        config
+            .groups
+            .iter()
+            .flat_map(|(name, g)| g.buckets(name))
+            .map(|(name, b)| BucketRef {
+                name,
+                limits: b.limits(),
+            })
+            .collect()
+    }
+
     /// The budgets of a request of tenant `name` for `model` (none: the tenant's own).
     pub fn for_request(config: &Config, name: &str, t: &TenantConfig, model: Option<&str>) -> Self {
         let m = Self::model_buckets(config, name, t, model);
+        let mut group_requests = Vec::new();
+        let mut group_tokens = Vec::new();
+        let mut group_cost = Vec::new();
+        for group in config.group_chain_of(t.group.as_deref()) {
+            let Some(g) = config.groups.get(group) else {
+                continue;
+            };
+            let bucket = |budget: &str, b: &crate::config::BucketConfig| BucketRef {
+                name: names::group_budget(group, budget),
+                limits: b.limits(),
+            };
+            group_requests.extend(g.budgets.requests.map(|b| bucket("requests", &b)));
+            group_tokens.extend(g.budgets.tokens.map(|b| bucket("tokens", &b)));
+            if m.price.is_some() {
+                group_cost.extend(g.budgets.cost_microusd.map(|b| bucket("cost_microusd", &b)));
+            }
+        }
         Budgets {
+            group_requests,
+            group_tokens,
+            group_cost,
             tenant_requests: Self::tenant_requests(name, t),
             global_requests: Self::global_requests(config),
             tenant_tokens: Self::tenant_tokens(name, t),
@@ -252,23 +292,28 @@ impl Budgets {
         std::iter::once(&self.tenant_tokens)
             .chain(self.model_tokens.iter())
             .chain(self.tenant_model_tokens.iter())
+            .chain(self.group_tokens.iter())
+    }
+
+    /// Every money budget a priced call draws on: the tenant's and its groups'.
+    pub fn cost_buckets(&self) -> impl Iterator<Item = &BucketRef> {
+        self.tenant_cost.iter().chain(self.group_cost.iter())
+    }
+
+    fn priced(&self) -> Option<Price> {
+        self.price.filter(|_| self.cost_buckets().next().is_some())
     }
 
     /// Micro-dollars a call of this size reserves from the money budget (0: none).
     pub fn cost(&self, input_and_context: u64, max_output: u64) -> u64 {
-        match (&self.tenant_cost, self.price) {
-            (Some(_), Some(p)) => p.cost(input_and_context, max_output),
-            _ => 0,
-        }
+        self.priced()
+            .map_or(0, |p| p.cost(input_and_context, max_output))
     }
 
     /// Micro-dollars a reported usage costs, each token class at its price (0: no money
     /// budget).
     pub fn cost_of(&self, usage: &crate::model::Usage) -> u64 {
-        match (&self.tenant_cost, self.price) {
-            (Some(_), Some(p)) => p.cost_of(usage),
-            _ => 0,
-        }
+        self.priced().map_or(0, |p| p.cost_of(usage))
     }
 
     /// Returns unused tokens to every token bucket and unused micro-dollars to the money
@@ -285,8 +330,10 @@ impl Budgets {
                 b.refund(tx, tokens, now_ms)?;
             }
         }
-        if let (Some(b), true) = (&self.tenant_cost, cost_microusd > 0) {
-            b.refund(tx, cost_microusd, now_ms)?;
+        if cost_microusd > 0 {
+            for b in self.cost_buckets() {
+                b.refund(tx, cost_microusd, now_ms)?;
+            }
         }
         Ok(())
     }
@@ -329,6 +376,9 @@ impl Budgets {
             if let Some(b) = &self.model_requests {
                 buckets.push((b, 1, Reason::ModelRate, unit));
             }
+            for b in &self.group_requests {
+                buckets.push((b, 1, Reason::GroupBudget, unit));
+            }
         }
         if needs.tokens > 0 {
             let unit = Unit::Tokens;
@@ -336,10 +386,18 @@ impl Budgets {
             for b in self.model_tokens.iter().chain(&self.tenant_model_tokens) {
                 buckets.push((b, needs.tokens, Reason::ModelTokenBudget, unit));
             }
+            for b in &self.group_tokens {
+                buckets.push((b, needs.tokens, Reason::GroupBudget, unit));
+            }
         }
-        if let (Some(b), true) = (&self.tenant_cost, needs.cost_microusd > 0) {
+        if needs.cost_microusd > 0 {
             let unit = Unit::Microusd;
-            buckets.push((b, needs.cost_microusd, Reason::CostBudget, unit));
+            if let Some(b) = &self.tenant_cost {
+                buckets.push((b, needs.cost_microusd, Reason::CostBudget, unit));
+            }
+            for b in &self.group_cost {
+                buckets.push((b, needs.cost_microusd, Reason::GroupBudget, unit));
+            }
         }
         for (b, credits, reason, unit) in buckets {
             let level = b.level(tx, now_ms)?;

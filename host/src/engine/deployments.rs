@@ -47,6 +47,7 @@ const MILLI: u32 = 1000;
 const UNLIMITED: Limits = Limits {
     capacity_micro: 1_000_000_000_000 * bucket::MICRO,
     refill_milli_per_s: 1_000_000_000_000 * 1000,
+    period: None,
 };
 
 /// What the provider said of its own limits on one answer (OpenAI's `x-ratelimit-*`,

@@ -1,4 +1,4 @@
-//! The directory: tenants and the keys that act for them, kept in the store so that every
+//! The directory: tenants, their groups and the keys that act for them, kept in the store so that every
 //! replica on one store enforces the same ones and a restart keeps them. Tenants are kept as
 //! written (laid over the configuration's `tenant_defaults` and checked like a file's); keys
 //! only as their SHA-256, with a public id to list and revoke them by. A change through any
@@ -20,6 +20,8 @@ use std::sync::Arc;
 const SEEDED: &str = "directory.seeded";
 const FILE_OWNED: &str = "directory.file_owned";
 const GENERATION: &str = "directory.generation";
+/// The groups as written, one JSON object by name.
+const GROUPS: &str = "directory.groups";
 
 /// The keys this engine knows, by SHA-256 of the key.
 pub(super) type KeyTable = HashMap<[u8; 32], KeyInfo>;
@@ -82,6 +84,9 @@ pub enum DirectoryError {
     /// The tenant still has work in flight.
     #[error("tenant {0} has queued, active, unknown or retrying operations")]
     Busy(String),
+    /// The group is still named by a tenant or as another group's parent.
+    #[error("group {0} is still named by {1}")]
+    GroupInUse(String, String),
     /// Revoking the key would leave no admin key: nobody could change anything again.
     #[error("the last admin key cannot be revoked")]
     LastAdmin,
@@ -98,6 +103,20 @@ impl From<ConfigError> for DirectoryError {
     fn from(e: ConfigError) -> Self {
         DirectoryError::Invalid(e.0)
     }
+}
+
+/// A directory entry the configuration file may own (a key by its SHA-256).
+#[derive(Clone, Copy)]
+enum Entry<'a> {
+    Tenant(&'a str),
+    Group(&'a str),
+    Key(&'a str),
+}
+
+/// The tenants and groups as written, as a change sees them.
+struct Directory {
+    tenants: Written,
+    groups: Written,
 }
 
 /// Longest worker name a key may carry.
@@ -159,11 +178,21 @@ fn bump(tx: &mut dyn Tx) -> Result<i64, StoreError> {
     Ok(next)
 }
 
+/// Entries as written (JSON), by name.
+type Written = BTreeMap<String, serde_json::Value>;
+
 /// What the store's directory holds, read in one transaction.
 struct Snapshot {
     generation: i64,
-    tenants: BTreeMap<String, serde_json::Value>,
+    tenants: Written,
+    groups: Written,
     keys: Vec<StoredKey>,
+}
+
+fn write_groups(tx: &mut dyn Tx, groups: &Written) -> Result<(), StoreError> {
+    let text = serde_json::to_string(groups)
+        .map_err(|e| StoreError::Schema(format!("groups: {e}")))?;
+    tx.set_meta(GROUPS, &text)
 }
 
 fn read(tx: &mut dyn Tx) -> Result<Snapshot, StoreError> {
@@ -177,9 +206,15 @@ fn read(tx: &mut dyn Tx) -> Result<Snapshot, StoreError> {
             .map_err(|e| StoreError::Schema(format!("tenant {name}: {e}")))?;
         tenants.insert(name, value);
     }
+    let groups = match tx.meta(GROUPS)? {
+        Some(text) => serde_json::from_str(&text)
+            .map_err(|e| StoreError::Schema(format!("groups: {e}")))?,
+        None => Written::new(),
+    };
     Ok(Snapshot {
         generation,
         tenants,
+        groups,
         keys: tx.api_keys()?,
     })
 }
@@ -225,6 +260,9 @@ pub struct DirectoryApplied {
     pub tenants_kept_busy: Vec<String>,
     /// Tenants made through the admin API, kept beside the file's.
     pub api_tenants: usize,
+    /// The file's groups that the store did not have as written, and groups the file no
+    /// longer names, removed.
+    pub groups_changed: Vec<String>,
     /// The file's keys the store did not have.
     pub keys_added: usize,
     /// The file's keys whose role changed.
@@ -242,6 +280,7 @@ impl DirectoryApplied {
             || !self.tenants_created.is_empty()
             || !self.tenants_updated.is_empty()
             || !self.tenants_removed.is_empty()
+            || !self.groups_changed.is_empty()
             || self.keys_added + self.keys_updated + self.keys_revoked > 0
     }
 }
@@ -252,6 +291,9 @@ impl DirectoryApplied {
 pub(super) struct FileOwned {
     tenants: std::collections::BTreeSet<String>,
     keys: std::collections::BTreeSet<String>,
+    /// Absent in stores from before groups.
+    #[serde(default)]
+    groups: std::collections::BTreeSet<String>,
 }
 
 fn file_owned(tx: &mut dyn Tx) -> Result<FileOwned, StoreError> {
@@ -276,6 +318,7 @@ impl<S: Store> Engine<S> {
     ) -> Result<DirectoryApplied, DirectoryError> {
         let config = self.config();
         let configured = config.written_tenants();
+        let configured_groups = config.written_groups();
         let mut applied = DirectoryApplied::default();
         let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
         store.transaction(|tx| -> Result<(), DirectoryError> {
@@ -284,9 +327,24 @@ impl<S: Store> Engine<S> {
                 ..DirectoryApplied::default()
             };
             let owned_before = file_owned(tx)?;
-            let before = read(tx)?.tenants;
+            let snapshot = read(tx)?;
+            let before = snapshot.tenants;
             let mut after = before.clone();
             let mut owned = FileOwned::default();
+            let groups_before = snapshot.groups;
+            let mut groups_after = groups_before.clone();
+            for (name, written) in &configured_groups {
+                if groups_before.get(name) != Some(written) {
+                    report.groups_changed.push(name.clone());
+                }
+                groups_after.insert(name.clone(), written.clone());
+                owned.groups.insert(name.clone());
+            }
+            for name in owned_before.groups.difference(&owned.groups) {
+                if groups_after.remove(name).is_some() {
+                    report.groups_changed.push(name.clone());
+                }
+            }
             for (name, written) in &configured {
                 match before.get(name) {
                     None => report.tenants_created.push(name.clone()),
@@ -315,9 +373,12 @@ impl<S: Store> Engine<S> {
             }
             report.api_tenants = after.keys().filter(|n| !owned.tenants.contains(*n)).count();
             // The whole directory is checked as a configuration before anything is written.
-            let next = config.with_written_tenants(&after)?;
+            let next = config.with_written(&after, &groups_after)?;
             // Balances are carried from the store's limits (when they still read) to the file's.
-            let was = config.with_written_tenants(&before).ok();
+            let was = config.with_written(&before, &groups_before).ok();
+            if groups_after != groups_before || tx.meta(GROUPS)?.is_none() {
+                write_groups(tx, &groups_after)?;
+            }
             for (name, written) in &after {
                 if before.get(name) != Some(written) {
                     tx.put_written_tenant(name, &written.to_string())?;
@@ -397,21 +458,21 @@ impl<S: Store> Engine<S> {
     /// Refuses a change through the admin API to an entry the configuration file owns,
     /// unless `api_may_change_file_entries` allows it (then the next start applies the
     /// file again).
-    fn check_not_file_owned(
-        &self,
-        tx: &mut dyn Tx,
-        tenant: Option<&str>,
-        key_sha256: Option<&str>,
-    ) -> Result<(), DirectoryError> {
+    fn check_not_file_owned(&self, tx: &mut dyn Tx, entry: Entry) -> Result<(), DirectoryError> {
         if self.config().api_may_change_file_entries {
             return Ok(());
         }
         let owned = file_owned(tx)?;
-        if let Some(t) = tenant.filter(|t| owned.tenants.contains(*t)) {
-            return Err(DirectoryError::OwnedByConfiguration(format!("tenant {t}")));
-        }
-        if key_sha256.is_some_and(|k| owned.keys.contains(k)) {
-            return Err(DirectoryError::OwnedByConfiguration("this key".into()));
+        let (set, what) = match entry {
+            Entry::Tenant(t) => (&owned.tenants, format!("tenant {t}")),
+            Entry::Group(g) => (&owned.groups, format!("group {g}")),
+            Entry::Key(_) => (&owned.keys, "this key".to_string()),
+        };
+        let name = match entry {
+            Entry::Tenant(n) | Entry::Group(n) | Entry::Key(n) => n,
+        };
+        if set.contains(name) {
+            return Err(DirectoryError::OwnedByConfiguration(what));
         }
         Ok(())
     }
@@ -433,7 +494,9 @@ impl<S: Store> Engine<S> {
         // Read and applied under the store's lock: no decision sees half of it.
         let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
         let snapshot = store.transaction(read)?;
-        let config = self.config().with_written_tenants(&snapshot.tenants)?;
+        let config = self
+            .config()
+            .with_written(&snapshot.tenants, &snapshot.groups)?;
         *self.config.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(config);
         let table: KeyTable = snapshot
             .keys
@@ -469,23 +532,23 @@ impl<S: Store> Engine<S> {
         written: &serde_json::Value,
         now_ms: i64,
     ) -> Result<(), DirectoryError> {
-        let change = |tenants: &mut BTreeMap<String, serde_json::Value>, tx: &mut dyn Tx| {
-            self.check_not_file_owned(tx, Some(name), None)?;
-            tenants.insert(name.to_string(), written.clone());
+        let change = |d: &mut Directory, tx: &mut dyn Tx| {
+            self.check_not_file_owned(tx, Entry::Tenant(name))?;
+            d.tenants.insert(name.to_string(), written.clone());
             Ok(())
         };
-        self.change_tenants(change, now_ms)
+        self.change_directory(change, now_ms)
     }
 
     /// Deletes a tenant and revokes its caller keys (their ids returned); refused while it
     /// has queued, active, unknown or retrying operations.
     pub fn delete_tenant(&self, name: &str) -> Result<Vec<String>, DirectoryError> {
         let mut revoked = Vec::new();
-        let change = |tenants: &mut BTreeMap<String, serde_json::Value>, tx: &mut dyn Tx| {
-            if tenants.remove(name).is_none() {
+        let change = |d: &mut Directory, tx: &mut dyn Tx| {
+            if d.tenants.remove(name).is_none() {
                 return Err(DirectoryError::NotFound(format!("tenant {name}")));
             }
-            self.check_not_file_owned(tx, Some(name), None)?;
+            self.check_not_file_owned(tx, Entry::Tenant(name))?;
             if tx.tenant_has_work(name)? {
                 return Err(DirectoryError::Busy(name.to_string()));
             }
@@ -498,29 +561,77 @@ impl<S: Store> Engine<S> {
             Ok(())
         };
         // Nothing is kept of a deleted tenant's balances: the time does not matter.
-        self.change_tenants(change, 0)?;
+        self.change_directory(change, 0)?;
         Ok(revoked)
     }
 
-    /// Applies `change` to the store's tenants, checks the result as a configuration, writes
-    /// it and takes it up here; on any error nothing changed. A changed tenant's balances
-    /// are brought to `now_ms` under its old limits and capped by its new ones.
-    fn change_tenants(
+    /// Creates (or replaces) a group from its settings as written (`parent`, `budgets`),
+    /// checked like the configuration file's `groups` section. Its balances are kept (capped
+    /// at new limits); a new group's budgets start full.
+    pub fn put_group(
         &self,
-        change: impl FnOnce(
-            &mut BTreeMap<String, serde_json::Value>,
-            &mut dyn Tx,
-        ) -> Result<(), DirectoryError>,
+        name: &str,
+        written: &serde_json::Value,
+        now_ms: i64,
+    ) -> Result<(), DirectoryError> {
+        let change = |d: &mut Directory, tx: &mut dyn Tx| {
+            self.check_not_file_owned(tx, Entry::Group(name))?;
+            d.groups.insert(name.to_string(), written.clone());
+            Ok(())
+        };
+        self.change_directory(change, now_ms)
+    }
+
+    /// Deletes a group; refused while a tenant names it, or a group names it as its parent.
+    pub fn delete_group(&self, name: &str) -> Result<(), DirectoryError> {
+        let config = self.config();
+        let change = |d: &mut Directory, tx: &mut dyn Tx| {
+            if d.groups.remove(name).is_none() {
+                return Err(DirectoryError::NotFound(format!("group {name}")));
+            }
+            self.check_not_file_owned(tx, Entry::Group(name))?;
+            let tenant = config
+                .tenants
+                .iter()
+                .find(|(_, t)| t.group.as_deref() == Some(name))
+                .map(|(t, _)| format!("tenant {t}"));
+            let child = config
+                .groups
+                .iter()
+                .find(|(_, g)| g.parent.as_deref() == Some(name))
+                .map(|(g, _)| format!("group {g}"));
+            if let Some(by) = tenant.or(child) {
+                return Err(DirectoryError::GroupInUse(name.to_string(), by));
+            }
+            Ok(())
+        };
+        self.change_directory(change, 0)
+    }
+
+    /// Applies `change` to the store's directory, checks the result as a configuration,
+    /// writes it and takes it up here; on any error nothing changed. A changed tenant's
+    /// balances are brought to `now_ms` under its old limits and capped by its new ones.
+    fn change_directory(
+        &self,
+        change: impl FnOnce(&mut Directory, &mut dyn Tx) -> Result<(), DirectoryError>,
         now_ms: i64,
     ) -> Result<(), DirectoryError> {
         let config = self.config();
         let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
         // An error from `change` or the check rolls the transaction back.
         store.transaction(|tx| -> Result<(), DirectoryError> {
-            let before = read(tx)?.tenants;
-            let mut after = before.clone();
-            change(&mut after, tx)?;
-            let next = config.with_written_tenants(&after)?;
+            let snapshot = read(tx)?;
+            let before = snapshot.tenants;
+            let mut d = Directory {
+                tenants: before.clone(),
+                groups: snapshot.groups.clone(),
+            };
+            change(&mut d, tx)?;
+            let after = d.tenants;
+            let next = config.with_written(&after, &d.groups)?;
+            if d.groups != snapshot.groups {
+                write_groups(tx, &d.groups)?;
+            }
             for (name, written) in &after {
                 if before.get(name) != Some(written) {
                     tx.put_written_tenant(name, &written.to_string())?;
@@ -572,7 +683,7 @@ impl<S: Store> Engine<S> {
             let Some(key) = keys.iter().find(|k| k.id == id) else {
                 return Err(DirectoryError::NotFound(format!("key {id}")));
             };
-            self.check_not_file_owned(tx, None, Some(&key.sha256))?;
+            self.check_not_file_owned(tx, Entry::Key(&key.sha256))?;
             if key.role == KeyRole::Admin
                 && keys.iter().filter(|k| k.role == KeyRole::Admin).count() == 1
             {

@@ -119,6 +119,9 @@ pub struct Engine<S: Store> {
 pub struct Inspection {
     /// Bucket name to whole credits available now.
     pub buckets: BTreeMap<String, i64>,
+    /// Period budget name to when it is full again (epoch milliseconds).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub resets_at: BTreeMap<String, i64>,
     /// Slot scope to calls in flight.
     pub slots: BTreeMap<String, u32>,
     /// Tenant to queued durable jobs, retries waiting included.
@@ -305,13 +308,18 @@ impl<S: Store> Engine<S> {
     ) -> Result<Inspection, StoreError> {
         let policy = PolicyIdentity::of(self.active_policy().as_ref());
         let mut buckets = BTreeMap::new();
+        let mut resets_at = BTreeMap::new();
+        let mut record = |tx: &mut dyn Tx, b: &BucketRef| -> Result<(), StoreError> {
+            let level = b.level(tx, now_ms)?;
+            buckets.insert(b.name.clone(), level.whole_credits());
+            if let Some(at) = b.limits.resets_at(level.updated_ms) {
+                resets_at.insert(b.name.clone(), at);
+            }
+            Ok(())
+        };
         let mut slots = BTreeMap::new();
         let mut queues = BTreeMap::new();
-        let global = Budgets::global_requests(&self.config());
-        buckets.insert(
-            global.name.clone(),
-            global.level(tx, now_ms)?.whole_credits(),
-        );
+        record(tx, &Budgets::global_requests(&self.config()))?;
         slots.insert(
             names::GLOBAL_SLOTS.to_string(),
             tx.slots_in_use(names::GLOBAL_SLOTS)?,
@@ -326,18 +334,21 @@ impl<S: Store> Engine<S> {
                     name,
                     limits: b.limits(),
                 };
-                buckets.insert(b.name.clone(), b.level(tx, now_ms)?.whole_credits());
+                record(tx, &b)?;
             }
         }
         for (name, tenant) in &self.config().tenants {
             for b in Budgets::of_tenant(name, tenant) {
-                buckets.insert(b.name.clone(), b.level(tx, now_ms)?.whole_credits());
+                record(tx, &b)?;
             }
             if tenant.concurrency.is_some() {
                 let scope = names::tenant_slots(name);
                 slots.insert(scope.clone(), tx.slots_in_use(&scope)?);
             }
             queues.insert(name.clone(), tx.queue_depth(name)?);
+        }
+        for b in Budgets::of_groups(&self.config()) {
+            record(tx, &b)?;
         }
         let config = self.config();
         let mut deployments = BTreeMap::new();
@@ -348,7 +359,7 @@ impl<S: Store> Engine<S> {
                     (&d.tokens, d.deployment.tokens.is_some()),
                 ] {
                     if configured {
-                        buckets.insert(b.name.clone(), b.level(tx, now_ms)?.whole_credits());
+                        record(tx, b)?;
                     }
                 }
                 let health = d.health(tx, now_ms)?;
@@ -366,6 +377,7 @@ impl<S: Store> Engine<S> {
         let downstream_available = downstream_available(tx)?;
         Ok(Inspection {
             buckets,
+            resets_at,
             slots,
             queues,
             operations,
