@@ -37,6 +37,7 @@ pub mod reason;
 pub mod runtime;
 pub mod scenario;
 pub mod shape;
+pub mod spend;
 pub mod simulate;
 
 pub mod store;

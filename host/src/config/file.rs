@@ -180,6 +180,11 @@ impl ConfigFile {
             Config::from_json(&serde_json::Value::Object(obj)).map_err(|e| e.to_string())?;
         if let Some(g) = &gateway {
             engine.routing = g.routing();
+            // By default a finished operation is kept as long as its answer is replayed.
+            let replay_ms = g.replay_ttl_s.saturating_mul(1000);
+            if engine.written.retention.operations_days.is_none() && g.replay {
+                engine.retention_ms = engine.retention_ms.map(|ms| ms.max(replay_ms));
+            }
         }
         // One model name means one model: the gateway's routes and the `models` budgets.
         if let (Some(g), Some(models)) = (&gateway, &engine.models) {

@@ -110,6 +110,7 @@ pub(crate) struct LimitsInput {
 #[serde(deny_unknown_fields, default)]
 pub(crate) struct RetentionInput {
     pub(crate) operations_days: Option<f64>,
+    pub(crate) spend_days: Option<f64>,
     pub(crate) saved_answers_max_bytes: Option<u64>,
 }
 
@@ -202,6 +203,8 @@ pub struct Config {
     pub max_call_ms: u64,
     /// How long finished operations are kept (`None`: for ever); their keys are then new.
     pub retention_ms: Option<u64>,
+    /// How long the spend ledger's hours are kept (`None`: for ever).
+    pub spend_retention_ms: Option<u64>,
     /// The most bytes of saved answers the store keeps in all (the soonest to expire go
     /// first when over).
     pub saved_answers_max_bytes: u64,
@@ -359,18 +362,16 @@ impl Config {
                     ))
                 }
             },
-            retention_ms: match input.retention.operations_days {
-                None => Some(DEFAULT_RETENTION_DAYS * DAY_MS),
-                Some(0.0) => None,
-                Some(d) if d.is_finite() && d > 0.0 && d <= 36_500.0 => {
-                    Some((d * DAY_MS as f64).round() as u64)
-                }
-                Some(_) => {
-                    return Err(ConfigError(
-                        "retention.operations_days must be a number of days from 0 (keep for ever) to 36500".into(),
-                    ))
-                }
-            },
+            retention_ms: days(
+                input.retention.operations_days,
+                DEFAULT_RETENTION_DAYS,
+                "retention.operations_days",
+            )?,
+            spend_retention_ms: days(
+                input.retention.spend_days,
+                DEFAULT_SPEND_RETENTION_DAYS,
+                "retention.spend_days",
+            )?,
             discipline: input.scheduler.discipline.unwrap_or(Discipline::Wrr),
             quantum_tokens: input.scheduler.quantum_tokens.unwrap_or(1000),
             max_claims_per_worker: input.scheduler.max_claims_per_worker.unwrap_or(4),
@@ -590,8 +591,25 @@ fn overlay(base: &TenantConfig, o: &TenantOverlay, field: &str) -> Result<Tenant
 /// `limits.max_call_ms` when not given: ten minutes, longer than any provider lets a
 /// single generation run.
 pub const DEFAULT_MAX_CALL_MS: u64 = 600_000;
-/// `retention.operations_days` when not given.
-pub const DEFAULT_RETENTION_DAYS: u64 = 30;
+/// A retention in days as written (`0`: for ever), in milliseconds.
+fn days(written: Option<f64>, default: u64, field: &str) -> Result<Option<u64>, ConfigError> {
+    match written {
+        None => Ok(Some(default * DAY_MS)),
+        Some(0.0) => Ok(None),
+        Some(d) if d.is_finite() && d > 0.0 && d <= 36_500.0 => {
+            Ok(Some((d * DAY_MS as f64).round() as u64))
+        }
+        Some(_) => Err(ConfigError(format!(
+            "{field} must be a number of days from 0 (keep for ever) to 36500"
+        ))),
+    }
+}
+
+/// `retention.operations_days` when not given: a day, as long as a key's answer is replayed
+/// by default (`gateway.replay_ttl_s`); what was spent is kept in the spend ledger.
+pub const DEFAULT_RETENTION_DAYS: u64 = 1;
+/// `retention.spend_days` when not given: a year and a month of spend, for a year's reports.
+pub const DEFAULT_SPEND_RETENTION_DAYS: u64 = 400;
 /// Least fuel a configuration may give a guest call: a Rust decision uses a few thousand
 /// units (the policy's self-check runs under the same bound); a Python one needs more.
 pub const MIN_POLICY_FUEL: u64 = 10_000;

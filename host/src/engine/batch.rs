@@ -318,6 +318,11 @@ impl<S: Store> Engine<S> {
             };
             hint.buckets
                 .extend(Budgets::of_tenant(tenant, t).into_iter().map(|b| b.name));
+            hint.buckets.extend(
+                Budgets::of_tenant_groups(&config, t)
+                    .into_iter()
+                    .map(|b| b.name),
+            );
             let budgets = Budgets::for_request(&config, tenant, t, model.flatten());
             hint.buckets.push(budgets.global_requests.name);
             hint.slots.push(budgets.global_slots.scope);

@@ -231,6 +231,20 @@ impl Budgets {
         }
     }
 
+    /// Every budget of the tenant's group and of the groups above it.
+    pub fn of_tenant_groups(config: &Config, t: &TenantConfig) -> Vec<BucketRef> {
+        config
+            .group_chain_of(t.group.as_deref())
+            .into_iter()
+            .filter_map(|name| Some((name, config.groups.get(name)?)))
+            .flat_map(|(name, g)| g.buckets(name))
+            .map(|(name, b)| BucketRef {
+                name,
+                limits: b.limits(),
+            })
+            .collect()
+    }
+
     /// Every budget of every group, by bucket name.
     pub fn of_groups(config: &Config) -> Vec<BucketRef> {
         config

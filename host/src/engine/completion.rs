@@ -7,6 +7,7 @@ use super::deployments::{self, AttemptEnd, DeploymentBudgets, ProviderLimits};
 use super::Engine;
 use crate::model::{names, CallResult, OpState, Operation, RetryVerdict, Route, Usage};
 use crate::runtime::{self, Decider, Failure, GiveUpReason, RetryDecision};
+use crate::spend::SpendRow;
 use crate::store::{QueuedJob, Store, StoreError, Tx};
 use serde::{Deserialize, Serialize};
 
@@ -412,8 +413,9 @@ impl<S: Store> Engine<S> {
         })
     }
 
-    /// Ends an attempt whose termination is known: releases what it holds (once) and
-    /// refunds unused tokens when configured and usage is reported.
+    /// Ends an attempt whose termination is known: releases what it holds (once), refunds
+    /// unused tokens when configured and usage is reported, and adds reported usage and
+    /// its cost to the spend ledger.
     fn finish_attempt(
         &self,
         tx: &mut dyn Tx,
@@ -421,8 +423,23 @@ impl<S: Store> Engine<S> {
         usage: Option<Usage>,
         now_ms: i64,
     ) -> Result<(), StoreError> {
-        if usage.is_some() {
+        if let Some(u) = &usage {
             op.usage = usage;
+            let config = self.config();
+            let price = op
+                .model
+                .as_deref()
+                .and_then(|m| config.model(m))
+                .and_then(|m| m.price_microusd_per_token);
+            tx.add_spend(&SpendRow::of_call(
+                now_ms,
+                &op.tenant,
+                &config.group_chain(&op.tenant),
+                op.model.as_deref(),
+                op.deployment.as_deref(),
+                u,
+                price.map_or(0, |p| p.cost_of(u)),
+            ))?;
         }
         if op.holds_slot {
             release_slot(tx, names::GLOBAL_SLOTS)?;

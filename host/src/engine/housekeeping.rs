@@ -144,6 +144,8 @@ pub struct Sweep {
     pub unknown: u64,
     /// Saved answers deleted: expired, or the soonest to expire while over the bound.
     pub answers_deleted: u64,
+    /// Hours of the spend ledger deleted for retention (rows).
+    pub spend_deleted: u64,
 }
 
 /// Where the next sweep resumes: the last operation the previous one looked at.
@@ -199,6 +201,10 @@ impl<S: Store> Engine<S> {
             while rounds < 16 && tx.answer_bytes()? > config.saved_answers_max_bytes {
                 sweep.answers_deleted += tx.delete_answers(i64::MAX, 64)?;
                 rounds += 1;
+            }
+            if let Some(keep) = config.spend_retention_ms {
+                let before = now_ms.saturating_sub(i64::try_from(keep).unwrap_or(i64::MAX));
+                sweep.spend_deleted = tx.delete_spend(before, SWEEP_ROWS)?;
             }
             Ok(sweep)
         })

@@ -34,6 +34,7 @@ pub use swap::{NoVerifier, PolicyIdentity, SwapError, Verifier};
 use crate::config::Config;
 use crate::model::{names, JobRef, OpState, Operation, Route};
 use crate::runtime::{Decider, DecisionView, Jitter, Params, Runtime};
+use crate::spend::SpendRow;
 use crate::store::{Store, StoreError, Tx};
 use budgets::{BucketRef, Budgets};
 use serde::Serialize;
@@ -414,6 +415,11 @@ impl<S: Store> Engine<S> {
     /// such as the invariant tests.
     pub fn operation_records(&self) -> Result<Vec<Operation>, StoreError> {
         self.transaction(|tx| tx.operations())
+    }
+
+    /// The spend ledger's rows of the hours from `from_ms` to `to_ms` (exclusive).
+    pub fn spend(&self, from_ms: i64, to_ms: i64) -> Result<Vec<SpendRow>, StoreError> {
+        self.transaction(|tx| tx.spend_rows(from_ms, to_ms))
     }
 
     /// Queue depth per configured tenant.

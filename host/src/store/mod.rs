@@ -13,6 +13,7 @@ pub mod sqlite;
 
 use crate::bucket;
 use crate::model::{Operation, Priority};
+use crate::spend::SpendRow;
 
 #[cfg(feature = "postgres")]
 pub use postgres::PgStore;
@@ -459,4 +460,38 @@ pub trait Tx {
     fn deficit(&mut self, tenant: &str) -> Result<u64, StoreError>;
     /// Sets a tenant's DRR deficit.
     fn set_deficit(&mut self, tenant: &str, deficit: u64) -> Result<(), StoreError>;
+    /// Adds `row`'s calls, tokens and cost to its hour's row of the spend ledger (a new row
+    /// when there is none).
+    fn add_spend(&mut self, row: &SpendRow) -> Result<(), StoreError>;
+    /// The ledger's rows of the hours from `from_ms` (inclusive) to `to_ms` (exclusive).
+    fn spend_rows(&mut self, from_ms: i64, to_ms: i64) -> Result<Vec<SpendRow>, StoreError>;
+    /// Deletes at most `limit` ledger rows of hours before `before_ms`; how many.
+    fn delete_spend(&mut self, before_ms: i64, limit: u32) -> Result<u64, StoreError>;
+}
+
+/// The spend ledger's statements, the same in both dialects but for their placeholders
+/// (written in SQLite's).
+pub(crate) mod spend_sql {
+    /// Adds one call's figures to its hour's row.
+    pub const ADD: &str = "INSERT INTO spend (hour_ms, tenant, group_chain, model, deployment, calls,
+        input_tokens, output_tokens, cached_input_tokens, cache_write_tokens, reasoning_tokens,
+        cost_microusd) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)
+        ON CONFLICT (hour_ms, tenant, group_chain, model, deployment) DO UPDATE SET
+        calls = spend.calls + excluded.calls,
+        input_tokens = spend.input_tokens + excluded.input_tokens,
+        output_tokens = spend.output_tokens + excluded.output_tokens,
+        cached_input_tokens = spend.cached_input_tokens + excluded.cached_input_tokens,
+        cache_write_tokens = spend.cache_write_tokens + excluded.cache_write_tokens,
+        reasoning_tokens = spend.reasoning_tokens + excluded.reasoning_tokens,
+        cost_microusd = spend.cost_microusd + excluded.cost_microusd";
+    /// The rows of a span of hours.
+    pub const ROWS: &str = "SELECT hour_ms, tenant, group_chain, model, deployment, calls,
+        input_tokens, output_tokens, cached_input_tokens, cache_write_tokens, reasoning_tokens,
+        cost_microusd FROM spend WHERE hour_ms >= ?1 AND hour_ms < ?2
+        ORDER BY hour_ms, tenant, group_chain, model, deployment";
+    /// A statement above with PostgreSQL's placeholders (`$1` for `?1`).
+    #[cfg(feature = "postgres")]
+    pub fn pg(sql: &str) -> String {
+        sql.replace('?', "$")
+    }
 }

@@ -63,12 +63,20 @@ CREATE TABLE IF NOT EXISTS answers (
     tenant TEXT NOT NULL, key TEXT NOT NULL, expires_ms BIGINT NOT NULL, size BIGINT NOT NULL,
     bytes {blob} NOT NULL, PRIMARY KEY (tenant, key));
 CREATE INDEX IF NOT EXISTS answers_by_expiry ON answers (expires_ms);
+CREATE TABLE IF NOT EXISTS spend (
+    hour_ms BIGINT NOT NULL, tenant TEXT NOT NULL, group_chain TEXT NOT NULL, model TEXT NOT NULL,
+    deployment TEXT NOT NULL, calls BIGINT NOT NULL, input_tokens BIGINT NOT NULL,
+    output_tokens BIGINT NOT NULL, cached_input_tokens BIGINT NOT NULL,
+    cache_write_tokens BIGINT NOT NULL, reasoning_tokens BIGINT NOT NULL,
+    cost_microusd BIGINT NOT NULL,
+    PRIMARY KEY (hour_ms, tenant, group_chain, model, deployment));
 ";
 
 /// The statements that create the schema, with the dialect's auto-incrementing key and
 /// byte-string type. (`policies` keeps the components the store's policy state names,
 /// `tenants` and `api_keys` the directory, `answers` the saved answers replayed to a repeated
-/// call: tables added without a version bump, since an earlier host never reads them.)
+/// call, `spend` the spend ledger: tables added without a version bump, since an earlier
+/// host never reads them.)
 pub fn tables(seq_column: &str, blob: &str) -> String {
     TABLES.replace("{seq}", seq_column).replace("{blob}", blob)
 }

@@ -99,6 +99,10 @@ statements! {
     put_api_key = "INSERT INTO api_keys (id, sha256, role, subject) VALUES ($1, $2, $3, $4)";
     delete_api_key = "DELETE FROM api_keys WHERE id = $1";
     retain_policy_components = "DELETE FROM policies WHERE digest NOT IN ($1, $2, $3)";
+    add_spend = &crate::store::spend_sql::pg(crate::store::spend_sql::ADD);
+    spend_rows = &crate::store::spend_sql::pg(crate::store::spend_sql::ROWS);
+    delete_spend = "DELETE FROM spend WHERE ctid IN \
+        (SELECT ctid FROM spend WHERE hour_ms < $1 LIMIT $2)";
     set_deficit = "INSERT INTO tenant_queues (tenant, depth, deficit) VALUES ($1, 0, $2)
         ON CONFLICT (tenant) DO UPDATE SET deficit = $2";
 }

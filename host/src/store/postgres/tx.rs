@@ -8,6 +8,7 @@ use super::statements::Statements;
 use super::wire::{self, Wanted};
 use crate::bucket;
 use crate::model::{Operation, Priority};
+use crate::spend::SpendRow;
 use crate::store::row_cache::RowCache;
 use crate::store::{KeyRole, Prefetch, QueuedJob, StoreError, StoredKey, Tx};
 use postgres::{Client, Row, Statement};
@@ -424,5 +425,56 @@ impl Tx for PgTx<'_> {
             &[&tenant, &(deficit.min(i64::MAX as u64) as i64)],
         )
         .map(drop)
+    }
+    fn add_spend(&mut self, row: &SpendRow) -> Result<(), StoreError> {
+        // A tenant's ledger rows are guarded by its queue's lock, which every batch that
+        // finishes the tenant's calls names.
+        self.need(RowLock::queue(&row.tenant))?;
+        let big = |n: u64| n.min(i64::MAX as u64) as i64;
+        self.exec(
+            &self.st.add_spend,
+            &[
+                &row.hour_ms,
+                &row.tenant,
+                &row.groups_text(),
+                &row.model,
+                &row.deployment,
+                &big(row.calls),
+                &big(row.input_tokens),
+                &big(row.output_tokens),
+                &big(row.cached_input_tokens),
+                &big(row.cache_write_tokens),
+                &big(row.reasoning_tokens),
+                &big(row.cost_microusd),
+            ],
+        )
+        .map(drop)
+    }
+    fn spend_rows(&mut self, from_ms: i64, to_ms: i64) -> Result<Vec<SpendRow>, StoreError> {
+        let rows = self.client.query(&self.st.spend_rows, &[&from_ms, &to_ms])?;
+        Ok(rows
+            .iter()
+            .map(|r| {
+                let n = |i: usize| r.get::<_, i64>(i).max(0) as u64;
+                SpendRow {
+                    hour_ms: r.get(0),
+                    tenant: r.get(1),
+                    groups: SpendRow::groups_from_text(r.get::<_, &str>(2)),
+                    model: r.get(3),
+                    deployment: r.get(4),
+                    calls: n(5),
+                    input_tokens: n(6),
+                    output_tokens: n(7),
+                    cached_input_tokens: n(8),
+                    cache_write_tokens: n(9),
+                    reasoning_tokens: n(10),
+                    cost_microusd: n(11),
+                }
+            })
+            .collect())
+    }
+    fn delete_spend(&mut self, before_ms: i64, limit: u32) -> Result<u64, StoreError> {
+        self.need_store()?;
+        self.exec(&self.st.delete_spend, &[&before_ms, &i64::from(limit)])
     }
 }

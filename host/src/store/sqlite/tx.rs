@@ -5,6 +5,7 @@ use super::super::row_cache::RowCache;
 use super::super::{KeyRole, QueuedJob, StoreError, StoredKey, Tx};
 use crate::bucket;
 use crate::model::{Operation, Priority};
+use crate::spend::SpendRow;
 use rusqlite::{params, Connection, OptionalExtension};
 
 pub(super) struct SqliteTx<'a> {
@@ -494,4 +495,62 @@ impl Tx for SqliteTx<'_> {
             .execute(params![tenant, deficit.min(i64::MAX as u64) as i64])?;
         Ok(())
     }
+
+    fn add_spend(&mut self, row: &SpendRow) -> Result<(), StoreError> {
+        self.tx
+            .prepare_cached(super::super::spend_sql::ADD)?
+            .execute(params![
+                row.hour_ms,
+                row.tenant,
+                row.groups_text(),
+                row.model,
+                row.deployment,
+                big(row.calls),
+                big(row.input_tokens),
+                big(row.output_tokens),
+                big(row.cached_input_tokens),
+                big(row.cache_write_tokens),
+                big(row.reasoning_tokens),
+                big(row.cost_microusd),
+            ])?;
+        Ok(())
+    }
+
+    fn spend_rows(&mut self, from_ms: i64, to_ms: i64) -> Result<Vec<SpendRow>, StoreError> {
+        let mut st = self.tx.prepare_cached(super::super::spend_sql::ROWS)?;
+        let rows = st.query_map(params![from_ms, to_ms], |r| {
+            let n = |i: usize| r.get::<_, i64>(i).map(|v| v.max(0) as u64);
+            Ok(SpendRow {
+                hour_ms: r.get(0)?,
+                tenant: r.get(1)?,
+                groups: SpendRow::groups_from_text(&r.get::<_, String>(2)?),
+                model: r.get(3)?,
+                deployment: r.get(4)?,
+                calls: n(5)?,
+                input_tokens: n(6)?,
+                output_tokens: n(7)?,
+                cached_input_tokens: n(8)?,
+                cache_write_tokens: n(9)?,
+                reasoning_tokens: n(10)?,
+                cost_microusd: n(11)?,
+            })
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    fn delete_spend(&mut self, before_ms: i64, limit: u32) -> Result<u64, StoreError> {
+        let n = self
+            .tx
+            .prepare_cached(
+                "DELETE FROM spend WHERE rowid IN (SELECT rowid FROM spend \
+                 WHERE hour_ms < ?1 LIMIT ?2)",
+            )?
+            .execute(params![before_ms, limit])?;
+        Ok(n as u64)
+    }
+}
+
+/// A count as the store's BIGINT.
+fn big(n: u64) -> i64 {
+    n.min(i64::MAX as u64) as i64
 }
