@@ -71,3 +71,8 @@ fn deployments_reserved_ejected_learned_and_fallen_back_on() {
 fn the_anthropic_sdk_through_the_gateway() {
     suite("test_anthropic.py", 11);
 }
+
+#[test]
+fn groups_period_budgets_and_the_spend_ledger_through_the_gateway() {
+    suite("test_billing.py", 4);
+}

@@ -42,6 +42,8 @@ enum Command {
         #[command(flatten)]
         engine: commands::EngineArgs,
     },
+    /// Spend in a store's ledger, summed by tenant, group, model or day (JSON, or CSV).
+    Spend(commands::inspect::SpendArgs),
     /// Serve the engine over HTTP (docs/http-api.md) until SIGTERM or SIGINT.
     Serve(commands::serve::ServeArgs),
     /// Tenants of a running server: list, get, put (create or change), delete.
@@ -71,6 +73,7 @@ fn main() -> ExitCode {
         Command::Decide(args) => commands::inspect::decide(args),
         Command::Queue { engine } => commands::inspect::queue(&engine),
         Command::Ops { engine } => commands::inspect::ops(&engine),
+        Command::Spend(args) => commands::inspect::spend(args),
         Command::Serve(args) => commands::serve::run(args),
         Command::Simulate(args) => commands::simulate::run(args),
         Command::Policy { command } => commands::policy::run(command),

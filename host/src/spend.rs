@@ -184,6 +184,120 @@ fn day(ms: i64) -> String {
         .unwrap_or_default()
 }
 
+/// What a spend report asks: the key to sum by and the span of hours.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SpendQuery {
+    /// What to sum by.
+    pub group_by: GroupBy,
+    /// The first instant counted (epoch ms): hours that start at or after it.
+    pub from_ms: i64,
+    /// The end (epoch ms, exclusive): hours that start before it.
+    pub to_ms: i64,
+}
+
+impl SpendQuery {
+    /// The query from its words as written (`group_by` `tenant` when none; `from` the start
+    /// of this UTC month, `to` now, each an RFC 3339 time, a `YYYY-MM-DD` day or epoch
+    /// milliseconds), or what is wrong with them.
+    pub fn parse(
+        group_by: Option<&str>,
+        from: Option<&str>,
+        to: Option<&str>,
+        now_ms: i64,
+    ) -> Result<SpendQuery, String> {
+        let group_by = match group_by {
+            None => GroupBy::Tenant,
+            Some(w) => GroupBy::parse(w).ok_or_else(|| {
+                format!("group_by: {w:?} is not one of tenant, group, model, day")
+            })?,
+        };
+        let time = |field: &str, text: Option<&str>, default: i64| match text {
+            None => Ok(default),
+            Some(t) => parse_time(t).ok_or_else(|| {
+                format!("{field}: {t:?} is not an RFC 3339 time, a YYYY-MM-DD day or epoch milliseconds")
+            }),
+        };
+        let from_ms = time("from", from, month_start(now_ms))?;
+        let to_ms = time("to", to, now_ms.saturating_add(1))?;
+        if to_ms < from_ms {
+            return Err("to is before from".into());
+        }
+        Ok(SpendQuery {
+            group_by,
+            from_ms,
+            to_ms,
+        })
+    }
+
+    /// The report as JSON: the query, one object per line (its key under the name of what
+    /// was summed by) and the total.
+    pub fn json(&self, lines: &[SpendLine]) -> serde_json::Value {
+        let by = self.group_by.as_str();
+        let line = |l: &SpendLine| {
+            let mut v = serde_json::to_value(l).unwrap_or_default();
+            if let Some(obj) = v.as_object_mut() {
+                let key = obj.remove("key").unwrap_or_default();
+                obj.insert(by.to_string(), key);
+            }
+            v
+        };
+        let mut total = SpendRow::default();
+        for l in lines {
+            total.calls += l.calls;
+            total.input_tokens += l.input_tokens;
+            total.output_tokens += l.output_tokens;
+            total.cached_input_tokens += l.cached_input_tokens;
+            total.cache_write_tokens += l.cache_write_tokens;
+            total.reasoning_tokens += l.reasoning_tokens;
+            total.cost_microusd += l.cost_microusd;
+        }
+        serde_json::json!({
+            "group_by": by,
+            "from": rfc3339(self.from_ms),
+            "to": rfc3339(self.to_ms),
+            "rows": lines.iter().map(line).collect::<Vec<_>>(),
+            "total": {
+                "calls": total.calls,
+                "input_tokens": total.input_tokens,
+                "output_tokens": total.output_tokens,
+                "cached_input_tokens": total.cached_input_tokens,
+                "cache_write_tokens": total.cache_write_tokens,
+                "reasoning_tokens": total.reasoning_tokens,
+                "cost_microusd": total.cost_microusd,
+            },
+        })
+    }
+}
+
+/// A time as written: epoch milliseconds, an RFC 3339 time, or a `YYYY-MM-DD` day (its UTC
+/// midnight).
+pub fn parse_time(text: &str) -> Option<i64> {
+    if let Ok(ms) = text.parse::<i64>() {
+        return Some(ms);
+    }
+    if let Ok(t) = chrono::DateTime::parse_from_rfc3339(text) {
+        return Some(t.timestamp_millis());
+    }
+    let day = chrono::NaiveDate::parse_from_str(text, "%Y-%m-%d").ok()?;
+    Some(day.and_hms_opt(0, 0, 0)?.and_utc().timestamp_millis())
+}
+
+/// The start of the UTC month of `ms`.
+fn month_start(ms: i64) -> i64 {
+    use chrono::Datelike;
+    chrono::DateTime::from_timestamp_millis(ms)
+        .and_then(|d| d.date_naive().with_day(1))
+        .and_then(|d| d.and_hms_opt(0, 0, 0))
+        .map_or(0, |d| d.and_utc().timestamp_millis())
+}
+
+/// `ms` as an RFC 3339 UTC time.
+pub fn rfc3339(ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms)
+        .map(|d| d.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+        .unwrap_or_default()
+}
+
 /// A report as CSV: a header row (the key column named after `by`), then one row per line.
 pub fn csv(lines: &[SpendLine], by: GroupBy) -> String {
     let mut out = format!(
@@ -254,5 +368,28 @@ mod tests {
         assert!(text.starts_with("tenant,calls,"), "{text}");
         assert_eq!(text.lines().count(), 4);
         assert_eq!(csv_field("a,\"b\""), "\"a,\"\"b\"\"\"");
+    }
+
+    #[test]
+    fn queries_read_times_in_three_forms_and_refuse_the_rest() {
+        let now = parse_time("2027-03-15T10:00:00Z").unwrap();
+        let q = SpendQuery::parse(None, None, None, now).unwrap();
+        assert_eq!(q.group_by, GroupBy::Tenant);
+        assert_eq!(rfc3339(q.from_ms), "2027-03-01T00:00:00.000Z");
+        assert_eq!(q.to_ms, now + 1);
+        let q = SpendQuery::parse(Some("day"), Some("2027-01-01"), Some("1800000000000"), now)
+            .unwrap();
+        assert_eq!(rfc3339(q.from_ms), "2027-01-01T00:00:00.000Z");
+        assert_eq!(q.to_ms, 1_800_000_000_000);
+        let e = SpendQuery::parse(Some("week"), None, None, now).unwrap_err();
+        assert!(e.contains("group_by"), "{e}");
+        let e = SpendQuery::parse(None, Some("yesterday"), None, now).unwrap_err();
+        assert!(e.contains("from"), "{e}");
+        assert!(SpendQuery::parse(None, Some("2027-02-01"), Some("2027-01-01"), now).is_err());
+        let lines = report(&[row(0, "a", &[], "m", 5)], GroupBy::Tenant);
+        let by_tenant = SpendQuery::parse(None, None, None, now).unwrap();
+        let v = by_tenant.json(&lines);
+        assert_eq!(v["rows"][0]["tenant"], "a");
+        assert_eq!(v["total"]["cost_microusd"], 5);
     }
 }

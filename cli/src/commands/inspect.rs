@@ -1,5 +1,5 @@
-//! `tollgate decide`, `queue` and `ops`: one decision from standard input, and what a store
-//! holds.
+//! `tollgate decide`, `queue`, `ops` and `spend`: one decision from standard input, and what
+//! a store holds.
 
 use super::{open_engine, wall_clock_ms, EngineArgs};
 use std::io::{Read, Write};
@@ -74,6 +74,46 @@ pub fn ops(args: &EngineArgs) -> Result<ExitCode, String> {
             used_out,
             op.policy
         );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[derive(clap::Args)]
+pub struct SpendArgs {
+    #[command(flatten)]
+    engine: EngineArgs,
+    /// What to sum by: tenant, group, model or day.
+    #[arg(long, default_value = "tenant")]
+    group_by: String,
+    /// The first hour counted: an RFC 3339 time, a YYYY-MM-DD day or epoch ms (default:
+    /// the start of this UTC month).
+    #[arg(long)]
+    from: Option<String>,
+    /// The end, exclusive, in the same forms (default: now).
+    #[arg(long)]
+    to: Option<String>,
+    /// Print CSV with a header row instead of JSON.
+    #[arg(long)]
+    csv: bool,
+}
+
+/// `tollgate spend`: the store's spend ledger summed as `GET /v1/admin/spend` sums it.
+pub fn spend(args: SpendArgs) -> Result<ExitCode, String> {
+    let query = tollgate::spend::SpendQuery::parse(
+        Some(&args.group_by),
+        args.from.as_deref(),
+        args.to.as_deref(),
+        wall_clock_ms(),
+    )?;
+    let engine = open_engine(&args.engine)?;
+    let rows = engine
+        .spend(query.from_ms, query.to_ms)
+        .map_err(|e| e.to_string())?;
+    let lines = tollgate::spend::report(&rows, query.group_by);
+    if args.csv {
+        print!("{}", tollgate::spend::csv(&lines, query.group_by));
+    } else {
+        println!("{}", serde_json::to_string_pretty(&query.json(&lines)).unwrap());
     }
     Ok(ExitCode::SUCCESS)
 }

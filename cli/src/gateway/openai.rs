@@ -157,6 +157,23 @@ pub fn rate_limit_headers(headers: &mut HeaderMap, levels: &TenantLevels) {
         set(headers, remaining, bucket.available.to_string());
         set(headers, reset, duration(reset_ms(bucket)));
     }
+    budget_headers(headers, levels);
+}
+
+/// What is left of the tightest money budget of the tenant and its groups, and when it is
+/// full again (RFC 3339; absent when it never refills).
+fn budget_headers(headers: &mut HeaderMap, levels: &TenantLevels) {
+    let Some(m) = levels.money else {
+        return;
+    };
+    set(
+        headers,
+        "x-tollgate-budget-remaining-microusd",
+        m.remaining_microusd.to_string(),
+    );
+    if let Some(at) = m.resets_at_ms {
+        set(headers, "x-tollgate-budget-resets", tollgate::spend::rfc3339(at));
+    }
 }
 
 /// `Retry-After` (whole seconds, rounded up) and `retry-after-ms`.

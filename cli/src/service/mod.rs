@@ -16,6 +16,7 @@ mod admin;
 mod directory;
 mod groups;
 mod operations;
+mod spend;
 mod ui;
 mod watch;
 mod worker;
@@ -110,6 +111,7 @@ pub fn router(state: Shared) -> Router {
                 .put(directory::tenant_put)
                 .delete(directory::tenant_delete),
         )
+        .route("/v1/admin/spend", get(spend::spend))
         .route("/v1/admin/groups", get(groups::groups_list))
         .route(
             "/v1/admin/groups/{group}",

@@ -149,6 +149,18 @@ pub struct TenantLevels {
     pub requests: crate::runtime::BucketLevel,
     /// The tenant's token bucket.
     pub tokens: crate::runtime::BucketLevel,
+    /// The tightest money budget of the tenant and its groups (`None`: no money budget).
+    pub money: Option<MoneyLevel>,
+}
+
+/// What is left of a money budget, and when it is full again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MoneyLevel {
+    /// Micro-dollars left.
+    pub remaining_microusd: u64,
+    /// When it is full again (epoch ms): a period budget's reset, or when a refilling one
+    /// has refilled (`None`: it never refills).
+    pub resets_at_ms: Option<i64>,
 }
 
 /// One operation as `inspect` and `tollgate ops` show it.
@@ -400,9 +412,39 @@ impl<S: Store> Engine<S> {
         let Some(t) = config.tenant(tenant) else {
             return Ok(None);
         };
+        let mut money: Option<MoneyLevel> = None;
+        let tenant_cost = t.cost_microusd.map(|b| BucketRef {
+            name: names::tenant_cost(tenant),
+            limits: b.limits(),
+        });
+        let group_cost = Budgets::of_tenant_groups(&config, t)
+            .into_iter()
+            .filter(|b| b.name.ends_with(".cost_microusd"));
+        for b in tenant_cost.into_iter().chain(group_cost) {
+            let level = b.level(tx, now_ms)?;
+            let remaining = level.whole_credits().max(0) as u64;
+            if money.is_some_and(|m| m.remaining_microusd <= remaining) {
+                continue;
+            }
+            let missing = b.limits.capacity_micro.saturating_sub(level.balance_micro);
+            let resets_at_ms = match b.limits.resets_at(level.updated_ms) {
+                Some(at) => Some(at),
+                None if missing <= 0 => Some(now_ms),
+                None if b.limits.refill_milli_per_s > 0 => {
+                    let rate = b.limits.refill_milli_per_s;
+                    Some(now_ms.saturating_add((missing + rate - 1) / rate))
+                }
+                None => None,
+            };
+            money = Some(MoneyLevel {
+                remaining_microusd: remaining,
+                resets_at_ms,
+            });
+        }
         Ok(Some(TenantLevels {
             requests: Budgets::tenant_requests(tenant, t).bucket_level(tx, now_ms)?,
             tokens: Budgets::tenant_tokens(tenant, t).bucket_level(tx, now_ms)?,
+            money,
         }))
     }
 
