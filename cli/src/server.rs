@@ -173,6 +173,9 @@ pub async fn serve(
     use hyper_util::rt::{TokioIo, TokioTimer};
     let app = router(&built);
     let state = built.core.clone();
+    // Budget alerts are posted from the store's outbox while the server runs.
+    let alert_sender = (!state.engine.config().alerts.is_empty())
+        .then(|| tokio::spawn(crate::service::alerts::send_forever(state.clone())));
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut shutdown = std::pin::pin!(shutdown);
     let mut acceptor = listen::Acceptor::new(
@@ -220,6 +223,9 @@ pub async fn serve(
         }
     }
     drop(acceptor);
+    if let Some(sender) = alert_sender {
+        sender.abort();
+    }
     tracing::info!("shutting down: finishing requests in flight");
     if tokio::time::timeout(Duration::from_secs(30), graceful.shutdown())
         .await

@@ -26,6 +26,7 @@
 //! `examples/embed.rs` shows the whole loop in a few dozen lines; `examples/embedder/` is a
 //! program of its own that builds the library without PostgreSQL.
 
+pub mod alerts;
 pub mod bucket;
 pub mod calendar;
 pub mod config;

@@ -19,7 +19,7 @@ mod passthrough;
 mod replay;
 mod sse;
 mod tokens;
-mod upstream;
+pub(crate) mod upstream;
 
 use crate::http::auth::role;
 use crate::http::body::read_body;

@@ -48,6 +48,8 @@ pub struct Metrics {
     pub log_lines_dropped: IntGauge,
     /// Operations `unknown` now, awaiting reconciliation.
     pub unknown_operations: IntGauge,
+    /// Budget alerts in the outbox not yet acknowledged by their webhook.
+    pub alerts_pending: IntGauge,
     /// Calls found abandoned (`active` past `limits.max_call_ms`) and made `unknown`.
     pub abandoned: prometheus::IntCounter,
     /// Finished operations deleted for retention.
@@ -173,6 +175,11 @@ impl Metrics {
             "Operations whose outcome is unknown, awaiting reconciliation (their slots held)",
         )
         .expect("a valid gauge");
+        let alerts_pending = IntGauge::new(
+            "tollgate_alerts_pending",
+            "Budget alerts written and not yet acknowledged by their webhook",
+        )
+        .expect("a valid gauge");
         let abandoned = prometheus::IntCounter::new(
             "tollgate_abandoned_calls_total",
             "Calls active for longer than limits.max_call_ms, made unknown",
@@ -192,6 +199,7 @@ impl Metrics {
             Box::new(decisions.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(store_write_failures.clone()),
             Box::new(unknown_operations.clone()),
+            Box::new(alerts_pending.clone()),
             Box::new(abandoned.clone()),
             Box::new(retention_deleted.clone()),
             Box::new(shadow.clone()),
@@ -239,6 +247,7 @@ impl Metrics {
             shadow,
             log_lines_dropped,
             unknown_operations,
+            alerts_pending,
             abandoned,
             retention_deleted,
             store_write_failures,

@@ -13,6 +13,7 @@
 //! keys); `ui` (the dashboard) and `watch` (the policy file watcher).
 
 mod admin;
+pub mod alerts;
 mod directory;
 mod groups;
 mod operations;

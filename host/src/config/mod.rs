@@ -20,10 +20,12 @@ pub use price::Price;
 
 use budget::BucketOverlay;
 
+use crate::alerts::AlertRule;
 use crate::model::names;
 use crate::runtime::{PolicyLimits, MAX_POLICY_MEMORY};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// A configuration error, with the field it concerns.
 #[derive(Debug, thiserror::Error)]
@@ -138,6 +140,7 @@ pub(crate) struct ConfigInput {
     pub(crate) policy_params: BTreeMap<String, serde_json::Value>,
     pub(crate) models: Option<BTreeMap<String, ModelConfig>>,
     pub(crate) groups: BTreeMap<String, groups::GroupInput>,
+    pub(crate) alerts: Vec<AlertRule>,
 }
 
 /// How dispatch shares claims between tenants.
@@ -190,6 +193,8 @@ pub struct Config {
     /// The groups by name: budgets that every tenant of the group, and of the groups under
     /// it, draws on.
     pub groups: BTreeMap<String, GroupConfig>,
+    /// The alert rules: budgets to watch and the fractions of their limit to tell of.
+    pub alerts: Arc<Vec<AlertRule>>,
     /// Largest admission (`size_bytes`) and HTTP body.
     pub max_request_bytes: u64,
     /// Largest policy component accepted.
@@ -339,6 +344,7 @@ impl Config {
             global_concurrency: input.global.concurrency.unwrap_or(8),
             tenants,
             groups: groups::effective(&input.groups)?,
+            alerts: Arc::new(input.alerts.clone()),
             max_request_bytes: input.limits.max_request_bytes.unwrap_or(65536),
             max_policy_bytes: input
                 .limits
@@ -452,6 +458,15 @@ impl Config {
                     "tenants.{name}.weight must be at least 1"
                 )));
             }
+        }
+        if self.alerts.len() > crate::alerts::MAX_RULES {
+            return Err(ConfigError(format!(
+                "alerts: at most {} rules",
+                crate::alerts::MAX_RULES
+            )));
+        }
+        for (i, rule) in self.alerts.iter().enumerate() {
+            rule.check(i)?;
         }
         for (name, g) in &self.groups {
             buckets.extend(g.buckets(name).map(|(n, b)| (n, *b)));

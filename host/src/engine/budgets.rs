@@ -1,6 +1,8 @@
 //! The budgets one reservation touches, checked together and spent together.
 
+use crate::alerts::{crossings, Alert, AlertRule};
 use crate::bucket::{self, Limits, Shortage};
+use std::sync::Arc;
 use crate::config::{Config, Price, TenantConfig};
 use crate::explain::{Shortfall, Unit};
 use crate::model::names;
@@ -117,6 +119,8 @@ pub(crate) struct Needs {
 /// A checked reservation, not yet written: [`Reservation::apply`] spends it.
 pub(crate) struct Reservation {
     spends: Vec<(String, bucket::State)>,
+    /// Alerts the spends cross, written with them.
+    alerts: Vec<Alert>,
     tenant_slot: Option<(String, u32)>,
     global_slot: Option<(String, u32)>,
 }
@@ -132,6 +136,9 @@ impl Reservation {
     pub fn apply(self, tx: &mut dyn Tx) -> Result<Taken, StoreError> {
         for (name, state) in &self.spends {
             tx.set_bucket(name, *state)?;
+        }
+        for alert in &self.alerts {
+            tx.put_alert(alert)?;
         }
         for (scope, in_use) in self.tenant_slot.iter().chain(self.global_slot.iter()) {
             tx.set_slots_in_use(scope, in_use + 1)?;
@@ -161,6 +168,8 @@ pub(crate) struct Budgets {
     /// model has a price.
     pub group_cost: Vec<BucketRef>,
     pub price: Option<Price>,
+    /// The alert rules, checked against every spend.
+    pub alerts: Arc<Vec<AlertRule>>,
     pub tenant_slots: Option<SlotRef>,
     pub global_slots: SlotRef,
 }
@@ -279,6 +288,7 @@ impl Budgets {
             }
         }
         Budgets {
+            alerts: config.alerts.clone(),
             group_requests,
             group_tokens,
             group_cost,
@@ -375,6 +385,7 @@ impl Budgets {
         needs: &Needs,
     ) -> Result<Result<Reservation, Refusal>, StoreError> {
         let mut spends: Vec<(String, bucket::State)> = Vec::new();
+        let mut alerts: Vec<Alert> = Vec::new();
         let mut short: Vec<Reason> = Vec::new();
         let mut first_shortfall: Option<Shortfall> = None;
         let mut bucket_short = false;
@@ -416,7 +427,12 @@ impl Budgets {
         for (b, credits, reason, unit) in buckets {
             let level = b.level(tx, now_ms)?;
             match level.spend(b.limits, credits) {
-                Ok(next) => spends.push((b.name.clone(), next)),
+                Ok(next) => {
+                    if !self.alerts.is_empty() {
+                        alerts.extend(crossings(&self.alerts, &b.name, b.limits, level, next, now_ms));
+                    }
+                    spends.push((b.name.clone(), next))
+                }
                 Err(shortage) => {
                     short.push(reason);
                     first_shortfall.get_or_insert_with(|| Shortfall {
@@ -468,6 +484,7 @@ impl Budgets {
         }
         Ok(Ok(Reservation {
             spends,
+            alerts,
             tenant_slot: self
                 .tenant_slots
                 .as_ref()

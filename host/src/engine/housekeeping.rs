@@ -133,6 +133,9 @@ fn full_page_end(ops: &[Operation], limit: u32) -> Option<(String, String)> {
     }
 }
 
+/// How long sent alerts are kept: longer than the longest period (a month).
+const SENT_ALERTS_KEPT_MS: i64 = 62 * 86_400_000;
+
 /// What one sweep did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Sweep {
@@ -206,6 +209,9 @@ impl<S: Store> Engine<S> {
                 let before = now_ms.saturating_sub(i64::try_from(keep).unwrap_or(i64::MAX));
                 sweep.spend_deleted = tx.delete_spend(before, SWEEP_ROWS)?;
             }
+            // A sent alert's id keeps a second crossing in its period from being written:
+            // kept longer than any period.
+            tx.delete_sent_alerts(now_ms.saturating_sub(SENT_ALERTS_KEPT_MS), SWEEP_ROWS)?;
             Ok(sweep)
         })
     }

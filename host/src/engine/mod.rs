@@ -34,6 +34,7 @@ pub use swap::{NoVerifier, PolicyIdentity, SwapError, Verifier};
 use crate::config::Config;
 use crate::model::{names, JobRef, OpState, Operation, Route};
 use crate::runtime::{Decider, DecisionView, Jitter, Params, Runtime};
+use crate::alerts::Alert;
 use crate::spend::SpendRow;
 use crate::store::{Store, StoreError, Tx};
 use budgets::{BucketRef, Budgets};
@@ -114,6 +115,9 @@ pub struct Engine<S: Store> {
     /// Where the next housekeeping sweep resumes.
     sweep_cursor: housekeeping::Cursor,
 }
+
+/// How long a sender holds the alerts it took before another may take them again.
+pub const ALERT_HOLD_MS: i64 = 30_000;
 
 /// What `inspect` shows (docs/scenarios.md).
 #[derive(Clone, Debug, Serialize)]
@@ -462,6 +466,34 @@ impl<S: Store> Engine<S> {
     /// The spend ledger's rows of the hours from `from_ms` to `to_ms` (exclusive).
     pub fn spend(&self, from_ms: i64, to_ms: i64) -> Result<Vec<SpendRow>, StoreError> {
         self.transaction(|tx| tx.spend_rows(from_ms, to_ms))
+    }
+
+    /// Takes at most `limit` alerts due at `now_ms` to post, and holds them for
+    /// [`ALERT_HOLD_MS`] so that no other sender (another replica's) takes them meanwhile.
+    pub fn take_due_alerts(&self, now_ms: i64, limit: u32) -> Result<Vec<Alert>, StoreError> {
+        self.transaction(|tx| {
+            let due = tx.due_alerts(now_ms, limit)?;
+            for a in &due {
+                tx.alert_tried(&a.id, a.attempts, now_ms + ALERT_HOLD_MS, None)?;
+            }
+            Ok(due)
+        })
+    }
+
+    /// Records a post of `alert`: acknowledged (sent for good), or failed (tried again
+    /// after a backoff that doubles).
+    pub fn alert_posted(&self, alert: &Alert, ok: bool, now_ms: i64) -> Result<(), StoreError> {
+        let attempts = alert.attempts.saturating_add(1);
+        let (next_ms, sent_ms) = match ok {
+            true => (now_ms, Some(now_ms)),
+            false => (now_ms + crate::alerts::backoff_ms(attempts), None),
+        };
+        self.transaction(|tx| tx.alert_tried(&alert.id, attempts, next_ms, sent_ms))
+    }
+
+    /// Alerts in the outbox not yet acknowledged.
+    pub fn pending_alerts(&self) -> Result<u64, StoreError> {
+        self.transaction(|tx| tx.pending_alerts())
     }
 
     /// Queue depth per configured tenant.

@@ -13,6 +13,7 @@ pub mod sqlite;
 
 use crate::bucket;
 use crate::model::{Operation, Priority};
+use crate::alerts::Alert;
 use crate::spend::SpendRow;
 
 #[cfg(feature = "postgres")]
@@ -467,11 +468,28 @@ pub trait Tx {
     fn spend_rows(&mut self, from_ms: i64, to_ms: i64) -> Result<Vec<SpendRow>, StoreError>;
     /// Deletes at most `limit` ledger rows of hours before `before_ms`; how many.
     fn delete_spend(&mut self, before_ms: i64, limit: u32) -> Result<u64, StoreError>;
+    /// Puts an alert in the outbox, unless one with its id is there (sent or not).
+    fn put_alert(&mut self, alert: &Alert) -> Result<(), StoreError>;
+    /// At most `limit` unsent alerts due by `now_ms`, soonest first.
+    fn due_alerts(&mut self, now_ms: i64, limit: u32) -> Result<Vec<Alert>, StoreError>;
+    /// Records a post of alert `id`: sent at `sent_ms`, or tried `attempts` times and due
+    /// again at `next_ms`.
+    fn alert_tried(
+        &mut self,
+        id: &str,
+        attempts: u32,
+        next_ms: i64,
+        sent_ms: Option<i64>,
+    ) -> Result<(), StoreError>;
+    /// Alerts not yet sent.
+    fn pending_alerts(&mut self) -> Result<u64, StoreError>;
+    /// Deletes at most `limit` alerts sent before `before_ms`; how many.
+    fn delete_sent_alerts(&mut self, before_ms: i64, limit: u32) -> Result<u64, StoreError>;
 }
 
-/// The spend ledger's statements, the same in both dialects but for their placeholders
-/// (written in SQLite's).
-pub(crate) mod spend_sql {
+/// The statements of the spend ledger and the alert outbox, the same in both dialects but
+/// for their placeholders (written in SQLite's).
+pub(crate) mod ledger_sql {
     /// Adds one call's figures to its hour's row.
     pub const ADD: &str = "INSERT INTO spend (hour_ms, tenant, group_chain, model, deployment, calls,
         input_tokens, output_tokens, cached_input_tokens, cache_write_tokens, reasoning_tokens,
@@ -489,6 +507,17 @@ pub(crate) mod spend_sql {
         input_tokens, output_tokens, cached_input_tokens, cache_write_tokens, reasoning_tokens,
         cost_microusd FROM spend WHERE hour_ms >= ?1 AND hour_ms < ?2
         ORDER BY hour_ms, tenant, group_chain, model, deployment";
+    /// Puts an alert in the outbox once.
+    pub const PUT_ALERT: &str = "INSERT INTO alerts (id, budget, webhook, secret_env, payload,
+        attempts, next_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT (id) DO NOTHING";
+    /// The unsent alerts that are due, soonest first.
+    pub const DUE_ALERTS: &str = "SELECT id, budget, webhook, secret_env, payload, attempts,
+        next_ms FROM alerts WHERE sent_ms IS NULL AND next_ms <= ?1 ORDER BY next_ms LIMIT ?2";
+    /// Records a post.
+    pub const ALERT_TRIED: &str =
+        "UPDATE alerts SET attempts = ?2, next_ms = ?3, sent_ms = ?4 WHERE id = ?1";
+    /// Counts the unsent alerts.
+    pub const PENDING_ALERTS: &str = "SELECT COUNT(*) FROM alerts WHERE sent_ms IS NULL";
     /// A statement above with PostgreSQL's placeholders (`$1` for `?1`).
     #[cfg(feature = "postgres")]
     pub fn pg(sql: &str) -> String {

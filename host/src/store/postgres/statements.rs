@@ -99,8 +99,14 @@ statements! {
     put_api_key = "INSERT INTO api_keys (id, sha256, role, subject) VALUES ($1, $2, $3, $4)";
     delete_api_key = "DELETE FROM api_keys WHERE id = $1";
     retain_policy_components = "DELETE FROM policies WHERE digest NOT IN ($1, $2, $3)";
-    add_spend = &crate::store::spend_sql::pg(crate::store::spend_sql::ADD);
-    spend_rows = &crate::store::spend_sql::pg(crate::store::spend_sql::ROWS);
+    add_spend = &crate::store::ledger_sql::pg(crate::store::ledger_sql::ADD);
+    spend_rows = &crate::store::ledger_sql::pg(crate::store::ledger_sql::ROWS);
+    put_alert = &crate::store::ledger_sql::pg(crate::store::ledger_sql::PUT_ALERT);
+    due_alerts = &crate::store::ledger_sql::pg(crate::store::ledger_sql::DUE_ALERTS);
+    alert_tried = &crate::store::ledger_sql::pg(crate::store::ledger_sql::ALERT_TRIED);
+    pending_alerts = crate::store::ledger_sql::PENDING_ALERTS;
+    delete_sent_alerts = "DELETE FROM alerts WHERE ctid IN \
+        (SELECT ctid FROM alerts WHERE sent_ms IS NOT NULL AND sent_ms < $1 LIMIT $2)";
     delete_spend = "DELETE FROM spend WHERE ctid IN \
         (SELECT ctid FROM spend WHERE hour_ms < $1 LIMIT $2)";
     set_deficit = "INSERT INTO tenant_queues (tenant, depth, deficit) VALUES ($1, 0, $2)

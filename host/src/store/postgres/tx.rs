@@ -8,6 +8,7 @@ use super::statements::Statements;
 use super::wire::{self, Wanted};
 use crate::bucket;
 use crate::model::{Operation, Priority};
+use crate::alerts::Alert;
 use crate::spend::SpendRow;
 use crate::store::row_cache::RowCache;
 use crate::store::{KeyRole, Prefetch, QueuedJob, StoreError, StoredKey, Tx};
@@ -476,5 +477,62 @@ impl Tx for PgTx<'_> {
     fn delete_spend(&mut self, before_ms: i64, limit: u32) -> Result<u64, StoreError> {
         self.need_store()?;
         self.exec(&self.st.delete_spend, &[&before_ms, &i64::from(limit)])
+    }
+    fn put_alert(&mut self, a: &Alert) -> Result<(), StoreError> {
+        // An alert is written with its budget's spend, under that bucket's lock.
+        self.need(RowLock::bucket(&a.budget))?;
+        self.exec(
+            &self.st.put_alert,
+            &[
+                &a.id,
+                &a.budget,
+                &a.webhook,
+                &a.secret_env,
+                &a.payload,
+                &i64::from(a.attempts),
+                &a.next_ms,
+            ],
+        )
+        .map(drop)
+    }
+    fn due_alerts(&mut self, now_ms: i64, limit: u32) -> Result<Vec<Alert>, StoreError> {
+        self.need_store()?;
+        let rows = self
+            .client
+            .query(&self.st.due_alerts, &[&now_ms, &i64::from(limit)])?;
+        Ok(rows
+            .iter()
+            .map(|r| Alert {
+                id: r.get(0),
+                budget: r.get(1),
+                webhook: r.get(2),
+                secret_env: r.get(3),
+                payload: r.get(4),
+                attempts: r.get::<_, i64>(5).clamp(0, i64::from(u32::MAX)) as u32,
+                next_ms: r.get(6),
+            })
+            .collect())
+    }
+    fn alert_tried(
+        &mut self,
+        id: &str,
+        attempts: u32,
+        next_ms: i64,
+        sent_ms: Option<i64>,
+    ) -> Result<(), StoreError> {
+        self.need_store()?;
+        self.exec(
+            &self.st.alert_tried,
+            &[&id, &i64::from(attempts), &next_ms, &sent_ms],
+        )
+        .map(drop)
+    }
+    fn pending_alerts(&mut self) -> Result<u64, StoreError> {
+        let row = self.client.query_one(&self.st.pending_alerts, &[])?;
+        Ok(row.get::<_, i64>(0).max(0) as u64)
+    }
+    fn delete_sent_alerts(&mut self, before_ms: i64, limit: u32) -> Result<u64, StoreError> {
+        self.need_store()?;
+        self.exec(&self.st.delete_sent_alerts, &[&before_ms, &i64::from(limit)])
     }
 }

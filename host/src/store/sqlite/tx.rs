@@ -2,9 +2,10 @@
 //! the row cache, operations and queues in SQL.
 
 use super::super::row_cache::RowCache;
-use super::super::{KeyRole, QueuedJob, StoreError, StoredKey, Tx};
+use super::super::{ledger_sql, KeyRole, QueuedJob, StoreError, StoredKey, Tx};
 use crate::bucket;
 use crate::model::{Operation, Priority};
+use crate::alerts::Alert;
 use crate::spend::SpendRow;
 use rusqlite::{params, Connection, OptionalExtension};
 
@@ -498,7 +499,7 @@ impl Tx for SqliteTx<'_> {
 
     fn add_spend(&mut self, row: &SpendRow) -> Result<(), StoreError> {
         self.tx
-            .prepare_cached(super::super::spend_sql::ADD)?
+            .prepare_cached(ledger_sql::ADD)?
             .execute(params![
                 row.hour_ms,
                 row.tenant,
@@ -517,7 +518,7 @@ impl Tx for SqliteTx<'_> {
     }
 
     fn spend_rows(&mut self, from_ms: i64, to_ms: i64) -> Result<Vec<SpendRow>, StoreError> {
-        let mut st = self.tx.prepare_cached(super::super::spend_sql::ROWS)?;
+        let mut st = self.tx.prepare_cached(ledger_sql::ROWS)?;
         let rows = st.query_map(params![from_ms, to_ms], |r| {
             let n = |i: usize| r.get::<_, i64>(i).map(|v| v.max(0) as u64);
             Ok(SpendRow {
@@ -547,6 +548,70 @@ impl Tx for SqliteTx<'_> {
             )?
             .execute(params![before_ms, limit])?;
         Ok(n as u64)
+    }
+
+    fn put_alert(&mut self, a: &Alert) -> Result<(), StoreError> {
+        self.tx.prepare_cached(ledger_sql::PUT_ALERT)?.execute(params![
+            a.id,
+            a.budget,
+            a.webhook,
+            a.secret_env,
+            a.payload,
+            a.attempts,
+            a.next_ms
+        ])?;
+        Ok(())
+    }
+
+    fn due_alerts(&mut self, now_ms: i64, limit: u32) -> Result<Vec<Alert>, StoreError> {
+        self.alert_rows(now_ms, limit)
+    }
+
+    fn alert_tried(
+        &mut self,
+        id: &str,
+        attempts: u32,
+        next_ms: i64,
+        sent_ms: Option<i64>,
+    ) -> Result<(), StoreError> {
+        self.tx
+            .prepare_cached(ledger_sql::ALERT_TRIED)?
+            .execute(params![id, attempts, next_ms, sent_ms])?;
+        Ok(())
+    }
+
+    fn pending_alerts(&mut self) -> Result<u64, StoreError> {
+        let mut st = self.tx.prepare_cached(ledger_sql::PENDING_ALERTS)?;
+        Ok(st.query_row([], |r| r.get::<_, i64>(0))?.max(0) as u64)
+    }
+
+    fn delete_sent_alerts(&mut self, before_ms: i64, limit: u32) -> Result<u64, StoreError> {
+        let n = self
+            .tx
+            .prepare_cached(
+                "DELETE FROM alerts WHERE rowid IN (SELECT rowid FROM alerts \
+                 WHERE sent_ms IS NOT NULL AND sent_ms < ?1 LIMIT ?2)",
+            )?
+            .execute(params![before_ms, limit])?;
+        Ok(n as u64)
+    }
+}
+
+impl SqliteTx<'_> {
+    fn alert_rows(&mut self, now_ms: i64, limit: u32) -> Result<Vec<Alert>, StoreError> {
+        let mut st = self.tx.prepare_cached(ledger_sql::DUE_ALERTS)?;
+        let rows = st.query_map(params![now_ms, limit], |r| {
+            Ok(Alert {
+                id: r.get(0)?,
+                budget: r.get(1)?,
+                webhook: r.get(2)?,
+                secret_env: r.get(3)?,
+                payload: r.get(4)?,
+                attempts: r.get::<_, i64>(5)?.clamp(0, i64::from(u32::MAX)) as u32,
+                next_ms: r.get(6)?,
+            })
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
     }
 }
 
