@@ -124,8 +124,11 @@ fn every_series_and_label_the_dashboard_queries_is_in_metrics() {
     let config = json!({
         "auth": {"callers": {CALLER: "acme"}, "admins": [ADMIN]},
         "tenant_defaults": {"requests": {"capacity": 1000, "refill_per_s": 0},
-                            "tokens": {"capacity": 100000, "refill_per_s": 0}},
-        "tenants": {"acme": {}},
+                            "tokens": {"capacity": 100000, "refill_per_s": 0},
+                            "cost_microusd": {"limit": 1000000, "period": "month"}},
+        "groups": {"org": {"budgets": {"cost_microusd": {"limit": 1000000, "period": "month"}}}},
+        "tenants": {"acme": {"group": "org"}},
+        "models": {MODEL: {"price_microusd_per_token": {"input": 1, "output": 1}}},
         "gateway": {
             "upstreams": {"stub": {"base_url": stub.base_url()}},
             "models": {MODEL: {"upstream": "stub", "tokenizer": "o200k_base"}},

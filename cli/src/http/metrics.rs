@@ -18,6 +18,8 @@ pub struct Metrics {
     pub connections: IntGauge,
     pub policy: GaugeVec,
     pub buckets: GaugeVec,
+    /// Credits each period budget has spent in its current period.
+    pub period_spent: GaugeVec,
     pub slots: GaugeVec,
     pub queues: GaugeVec,
     /// Each deployment's state: 0 healthy, 1 paused, 2 ejected, 3 probing.
@@ -84,6 +86,11 @@ impl Metrics {
         let buckets = gauges(
             "tollgate_bucket_credits",
             "Whole credits per bucket",
+            &["bucket"],
+        );
+        let period_spent = gauges(
+            "tollgate_period_spent_credits",
+            "Credits each period budget has spent since its period began (micro-dollars for money)",
             &["bucket"],
         );
         let slots = gauges(
@@ -213,6 +220,7 @@ impl Metrics {
             Box::new(connections.clone()),
             Box::new(policy.clone()),
             Box::new(buckets.clone()),
+            Box::new(period_spent.clone()),
             Box::new(slots.clone()),
             Box::new(queues.clone()),
             Box::new(deployment_state.clone()),
@@ -231,6 +239,7 @@ impl Metrics {
             connections,
             policy,
             buckets,
+            period_spent,
             slots,
             queues,
             deployment_state,

@@ -329,6 +329,13 @@ pub(super) async fn refresh_levels(s: &AppState) -> Result<(), Refusal> {
                 .with_label_values(&[name.as_str()])
                 .set(*credits as f64);
         }
+        for (name, limit) in &i.period_limits {
+            let left = i.buckets.get(name).copied().unwrap_or(0);
+            s.metrics
+                .period_spent
+                .with_label_values(&[name.as_str()])
+                .set((limit - left).max(0) as f64);
+        }
         for (scope, n) in &i.slots {
             s.metrics
                 .slots

@@ -127,6 +127,10 @@ pub struct Inspection {
     /// Period budget name to when it is full again (epoch milliseconds).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub resets_at: BTreeMap<String, i64>,
+    /// Period budget name to its limit, whole credits (spent this period: the limit less
+    /// what `buckets` shows).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub period_limits: BTreeMap<String, i64>,
     /// Slot scope to calls in flight.
     pub slots: BTreeMap<String, u32>,
     /// Tenant to queued durable jobs, retries waiting included.
@@ -326,11 +330,13 @@ impl<S: Store> Engine<S> {
         let policy = PolicyIdentity::of(self.active_policy().as_ref());
         let mut buckets = BTreeMap::new();
         let mut resets_at = BTreeMap::new();
+        let mut period_limits = BTreeMap::new();
         let mut record = |tx: &mut dyn Tx, b: &BucketRef| -> Result<(), StoreError> {
             let level = b.level(tx, now_ms)?;
             buckets.insert(b.name.clone(), level.whole_credits());
             if let Some(at) = b.limits.resets_at(level.updated_ms) {
                 resets_at.insert(b.name.clone(), at);
+                period_limits.insert(b.name.clone(), b.limits.capacity_micro / crate::bucket::MICRO);
             }
             Ok(())
         };
@@ -395,6 +401,7 @@ impl<S: Store> Engine<S> {
         Ok(Inspection {
             buckets,
             resets_at,
+            period_limits,
             slots,
             queues,
             operations,
