@@ -265,3 +265,93 @@ fn running_out_of_file_descriptors_pauses_accepting_without_spinning() {
     }
     assert!(s.stop().success());
 }
+
+/// How one client's request ended.
+#[derive(Debug, PartialEq, Eq, Clone, Copy)]
+enum Ended {
+    /// A whole answer with this status.
+    Answered(u16),
+    /// The server closed the connection without an answer.
+    Closed,
+    /// Anything else: no connection, a hang, a broken answer.
+    Broken,
+}
+
+fn one_request(addr: &str) -> Ended {
+    use std::io::Read;
+    let Ok(mut stream) = TcpStream::connect(addr) else {
+        return Ended::Broken;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(60)));
+    let request = format!("GET /healthz HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n");
+    if stream.write_all(request.as_bytes()).is_err() {
+        return Ended::Closed;
+    }
+    let mut answer = Vec::new();
+    match stream.read_to_end(&mut answer) {
+        Ok(_) if answer.is_empty() => Ended::Closed,
+        Ok(_) => {
+            let text = String::from_utf8_lossy(&answer);
+            match text.split(' ').nth(1).and_then(|s| s.parse().ok()) {
+                Some(status) if text.starts_with("HTTP/1.1 ") => Ended::Answered(status),
+                _ => Ended::Broken,
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => Ended::Closed,
+        Err(_) => Ended::Broken,
+    }
+}
+
+#[test]
+fn a_thousand_clients_at_256_descriptors_are_served_or_shed_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let config_path = dir.path().join("config.json");
+    std::fs::write(&config_path, config().to_string()).unwrap();
+    let log = dir.path().join("serve.log");
+    let (child, base) = common::spawn_serve_via(
+        &[
+            "--config",
+            config_path.to_str().unwrap(),
+            "--db",
+            dir.path().join("state.db").to_str().unwrap(),
+        ],
+        |program| {
+            let mut command = Command::new("sh");
+            command
+                .args(["-c", "ulimit -n 256 && exec \"$0\" \"$@\"", program])
+                .stderr(std::fs::File::create(&log).unwrap());
+            command
+        },
+    );
+    let mut s = Server { child, base };
+    let addr = s.base.trim_start_matches("http://").to_string();
+    // A thousand clients at once, each with one whole request: four times the descriptors.
+    let barrier = std::sync::Arc::new(std::sync::Barrier::new(1000));
+    let clients: Vec<_> = (0..1000)
+        .map(|_| {
+            let (addr, barrier) = (addr.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                barrier.wait();
+                one_request(&addr)
+            })
+        })
+        .collect();
+    let ended: Vec<Ended> = clients.into_iter().map(|c| c.join().unwrap()).collect();
+    let count = |e: Ended| ended.iter().filter(|x| **x == e).count();
+    let (served, shed, closed) = (
+        count(Ended::Answered(200)),
+        count(Ended::Answered(503)),
+        count(Ended::Closed),
+    );
+    // Each one was served, or shed with a 503 or a clean close; none hung or broke.
+    assert_eq!(served + shed + closed, 1000, "{ended:?}");
+    assert!(served >= 200, "{served} served, {shed} shed, {closed} closed");
+    // The server is still up and serving, and said why it paused at most a few times.
+    assert!(s.child.try_wait().unwrap().is_none(), "the server died");
+    assert!(ureq::get(&format!("{}/healthz", s.base)).call().is_ok());
+    let logged = std::fs::read_to_string(&log).unwrap();
+    let failures = logged.lines().filter(|l| l.contains("accept failed")).count();
+    assert!(failures <= 5, "{failures} accept failures logged");
+    println!("{served} served, {shed} shed with 503, {closed} closed; {failures} accept failures logged");
+    assert!(s.stop().success());
+}

@@ -47,6 +47,44 @@ pub struct GatewayFigures {
     pub throughput_ratio_plain: f64,
     /// The same for streams.
     pub throughput_ratio_stream: f64,
+    /// What the store keeps per call.
+    pub store: StoreGrowth,
+}
+
+/// What the store grew by over the plain gateway run.
+#[derive(Clone, Debug, Serialize)]
+pub struct StoreGrowth {
+    /// Finished operations the run left.
+    pub finished_operations: u64,
+    /// Bytes of the store's pages in use, per finished operation.
+    pub bytes_per_finished_operation: f64,
+    /// Rows of the spend ledger after the whole run.
+    pub ledger_rows: u64,
+    /// Hours those rows cover.
+    pub ledger_hours: u64,
+    /// Ledger rows per hour: tenants × models × deployments, whatever the call rate.
+    pub ledger_rows_per_hour: f64,
+}
+
+/// The store's bytes in use (pages less the free list, the WAL's newer pages included),
+/// its finished operations, its ledger rows and the hours they cover.
+fn store_figures(db: &Path) -> Result<(u64, u64, u64, u64), String> {
+    let c = rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+        .map_err(|e| e.to_string())?;
+    let one = |sql: &str| -> Result<u64, String> {
+        c.query_row(sql, [], |r| r.get::<_, i64>(0))
+            .map(|n| n.max(0) as u64)
+            .map_err(|e| format!("{sql}: {e}"))
+    };
+    let pages = one("PRAGMA page_count")?;
+    let free = one("PRAGMA freelist_count")?;
+    let size = one("PRAGMA page_size")?;
+    let finished = one(
+        "SELECT COUNT(*) FROM operations WHERE state IN ('succeeded', 'failed_final', 'expired')",
+    )?;
+    let rows = one("SELECT COUNT(*) FROM spend")?;
+    let hours = one("SELECT COUNT(DISTINCT hour_ms) FROM spend")?;
+    Ok(((pages - free) * size, finished, rows, hours))
 }
 
 const ANSWER: &str = r#"{"id":"chatcmpl-b","object":"chat.completion","created":0,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"Hello world"},"finish_reason":"stop"}],"usage":{"prompt_tokens":9,"completion_tokens":2,"total_tokens":11}}"#;
@@ -196,17 +234,34 @@ pub fn gateway(
         "models": {"bench": model},
     });
     let (_server, addr) = start_serve(serve, dir, &config)?;
+    let db = dir.join("http.db");
     let direct = format!("http://{stub_addr}/v1/chat/completions");
     let proxied = format!("http://{addr}/v1/chat/completions");
     let alone = (calls / 5).max(200);
     rt.block_on(async {
         let direct_plain = measure(&direct, "none", false, alone, connections, calls).await?;
+        let (bytes_before, ops_before, _, _) = store_figures(&db)?;
         let gateway_plain =
             measure(&proxied, "bench-key", false, alone, connections, calls).await?;
+        // The last completions are written by the writer's next batch.
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        let (bytes_after, ops_after, _, _) = store_figures(&db)?;
         let direct_stream = measure(&direct, "none", true, alone, connections, calls).await?;
         let gateway_stream =
             measure(&proxied, "bench-key", true, alone, connections, calls).await?;
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        let (_, _, ledger_rows, ledger_hours) = store_figures(&db)?;
+        let finished = ops_after.saturating_sub(ops_before);
+        let store = StoreGrowth {
+            finished_operations: finished,
+            bytes_per_finished_operation: bytes_after.saturating_sub(bytes_before) as f64
+                / finished.max(1) as f64,
+            ledger_rows,
+            ledger_hours,
+            ledger_rows_per_hour: ledger_rows as f64 / ledger_hours.max(1) as f64,
+        };
         Ok(GatewayFigures {
+            store,
             connections,
             calls,
             added_p50_ms_plain: gateway_plain.p50_ms - direct_plain.p50_ms,

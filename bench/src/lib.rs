@@ -10,4 +10,5 @@ pub mod native;
 pub mod policies;
 pub mod redis_peer;
 pub mod simulate;
+pub mod soak;
 pub mod store;

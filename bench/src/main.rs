@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use tollgate::runtime::Runtime;
-use tollgate_bench::{gateway, http, native, redis_peer, simulate, store};
+use tollgate_bench::{gateway, http, native, redis_peer, simulate, soak, store};
 
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -86,6 +86,20 @@ enum BenchCommand {
         /// Print one JSON line at the end.
         #[arg(long)]
         json: bool,
+        /// The `tollgate` executable to start (default: the one beside this benchmark).
+        #[arg(long)]
+        tollgate: Option<PathBuf>,
+    },
+    /// The service under a steady mixed load at half its measured capacity for N minutes:
+    /// a table of memory, descriptors, latency and store size each minute, then a JSON line
+    /// with the samples and whether memory, p99 and descriptors stayed flat. Exits non-zero
+    /// if the server died, descriptors grew, or the books did not balance.
+    Soak {
+        #[arg(long, default_value_t = 60)]
+        minutes: u64,
+        /// Calls per second (default: half the capacity measured first).
+        #[arg(long)]
+        rate: Option<f64>,
         /// The `tollgate` executable to start (default: the one beside this benchmark).
         #[arg(long)]
         tollgate: Option<PathBuf>,
@@ -184,6 +198,44 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Some(BenchCommand::Soak {
+            minutes,
+            rate,
+            tollgate,
+        }) => {
+            let dir = tempfile_dir()?;
+            let exe = tollgate.map_or_else(serve_executable, Ok)?;
+            println!(
+                "{:>6} {:>9} {:>5} {:>8} {:>8} {:>8} {:>7} {:>11} {:>10}",
+                "minute", "rss KiB", "fds", "p50 ms", "p99 ms", "calls", "errors", "store B", "wal B"
+            );
+            let report = soak::soak(&exe, &dir, minutes, rate, |s| {
+                println!(
+                    "{:>6} {:>9} {:>5} {:>8.3} {:>8.3} {:>8} {:>7} {:>11} {:>10}",
+                    s.minute, s.rss_kib, s.fds, s.p50_ms, s.p99_ms, s.calls, s.errors, s.store_bytes, s.wal_bytes
+                );
+            });
+            let _ = std::fs::remove_dir_all(&dir);
+            let report = report?;
+            println!(
+                "capacity {:.0} calls/s, load {:.0} calls/s; rss_flat {}, p99_flat {}, fds_flat {}, store_bounded {}, server alive {}; {}",
+                report.capacity_per_s,
+                report.rate_per_s,
+                report.rss_flat,
+                report.p99_flat,
+                report.fds_flat,
+                report.store_bounded,
+                report.server_alive,
+                report.accounting
+            );
+            println!("{}", serde_json::json!(report));
+            let healthy = report.server_alive && report.fds_flat && report.accounting_held;
+            Ok(if healthy {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
         Some(BenchCommand::Simulate { requests, json }) => {
             let f = simulate::simulate(requests)?;
             println!(
@@ -228,6 +280,14 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
                 f.added_p50_ms_stream,
                 f.throughput_ratio_plain,
                 f.throughput_ratio_stream
+            );
+            println!(
+                "store: {:.0} bytes per finished operation ({} operations); spend ledger: {} rows over {} hour(s), {:.1} rows per hour",
+                f.store.bytes_per_finished_operation,
+                f.store.finished_operations,
+                f.store.ledger_rows,
+                f.store.ledger_hours,
+                f.store.ledger_rows_per_hour
             );
             if json {
                 println!("{}", serde_json::json!(f));

@@ -22,6 +22,10 @@ use std::time::{Duration, Instant};
 pub const SYNC_EVERY: Duration = Duration::from_millis(250);
 /// How often the engine is swept.
 pub const SWEEP_EVERY: Duration = Duration::from_secs(1);
+/// The most time the sweeps of one round may take: a tenth of each second.
+const SWEEP_BUDGET: Duration = Duration::from_millis(100);
+/// The most sweeps one round runs, each a bounded stretch of the operations.
+const MAX_SWEEPS_AT_ONCE: usize = 64;
 
 /// What is due when: call [`Maintenance::run_due`] often (at least every [`SYNC_EVERY`]).
 pub struct Maintenance<S: Store> {
@@ -62,21 +66,32 @@ impl<S: Store> Maintenance<S> {
         }
     }
 
-    /// One sweep, at the store's time when it has a clock of its own.
+    /// Sweeps, at the store's time when it has a clock of its own: one bounded stretch of
+    /// the operations, and more stretches at once while the table goes on, up to
+    /// [`SWEEP_BUDGET`] of each second, so that retention keeps up with a busy store.
     fn sweep(&self) {
-        let now = match self.engine.store_clock_ms() {
-            Ok(Some(now)) => now,
-            Ok(None) => wall_clock_ms(),
-            Err(_) => return,
-        };
-        match self.engine.sweep(now) {
-            Ok(s) => {
-                for (tenant, key) in &s.abandoned {
-                    tracing::warn!(%tenant, %key, "call abandoned: active past limits.max_call_ms, now unknown until reconciled");
+        let started = Instant::now();
+        for _ in 0..MAX_SWEEPS_AT_ONCE {
+            let now = match self.engine.store_clock_ms() {
+                Ok(Some(now)) => now,
+                Ok(None) => wall_clock_ms(),
+                Err(_) => return,
+            };
+            match self.engine.sweep(now) {
+                Ok(s) => {
+                    for (tenant, key) in &s.abandoned {
+                        tracing::warn!(%tenant, %key, "call abandoned: active past limits.max_call_ms, now unknown until reconciled");
+                    }
+                    self.observer.swept(&s);
+                    if !s.more || started.elapsed() >= SWEEP_BUDGET {
+                        return;
+                    }
                 }
-                self.observer.swept(&s);
+                Err(e) => {
+                    tracing::warn!(error = %e, "housekeeping sweep failed");
+                    return;
+                }
             }
-            Err(e) => tracing::warn!(error = %e, "housekeeping sweep failed"),
         }
     }
 }

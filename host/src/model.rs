@@ -305,7 +305,8 @@ pub struct RetryVerdict {
 /// Everything the store keeps about one operation `(tenant, key)`.
 ///
 /// Stored as a JSON record beside `tenant` and `key` columns: the record leaves out those
-/// two and every absent optional field (records from before that still read).
+/// two, every absent optional field and every zero or false that is the default (records
+/// from before that still read).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Operation {
     /// The tenant it belongs to.
@@ -329,21 +330,27 @@ pub struct Operation {
     /// The plan: what is (or will be) reserved.
     pub max_output_tokens: u64,
     /// Optional context tokens, as planned.
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub optional_context_tokens: u64,
     /// Tokens the current attempt reserved.
     pub reserved_tokens: u64,
     /// The policy's estimate of the call's duration.
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub estimated_exec_ms: u64,
     /// Whether the policy reduced the request.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub degraded: bool,
     /// Where a durable job's body is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub body_ref: Option<String>,
     /// Whether the operation holds a global slot (and, with `holds_tenant_slot`, a tenant slot).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub holds_slot: bool,
     /// Whether it holds a slot of its tenant's scope.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub holds_tenant_slot: bool,
     /// Whether the token reservation of the current attempt is still outstanding.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub tokens_reserved: bool,
     /// The earliest time of the next attempt.
     #[serde(default, skip_serializing_if = "Option::is_none")]

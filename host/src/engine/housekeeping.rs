@@ -149,6 +149,9 @@ pub struct Sweep {
     pub answers_deleted: u64,
     /// Hours of the spend ledger deleted for retention (rows).
     pub spend_deleted: u64,
+    /// Whether the sweep stopped at the end of a full stretch: the table goes on, and
+    /// another sweep at once would carry on from there.
+    pub more: bool,
 }
 
 /// Where the next sweep resumes: the last operation the previous one looked at.
@@ -174,6 +177,7 @@ impl<S: Store> Engine<S> {
             let after = cursor.as_ref().map(|(t, k)| (t.as_str(), k.as_str()));
             let ops = tx.operations_after(after, SWEEP_ROWS)?;
             *cursor = full_page_end(&ops, SWEEP_ROWS);
+            sweep.more = cursor.is_some();
             for mut op in ops {
                 let finished = FINISHED.contains(&op.state);
                 if op.state != OpState::Active && !(finished && keep.is_some()) {
