@@ -277,9 +277,12 @@ enum Ended {
     Broken,
 }
 
-fn one_request(addr: &str) -> Ended {
+/// Connects, waits for every other client to be connected, then sends one request.
+fn one_request(addr: &str, barrier: &std::sync::Barrier) -> Ended {
     use std::io::Read;
-    let Ok(mut stream) = TcpStream::connect(addr) else {
+    let connected = TcpStream::connect(addr);
+    barrier.wait();
+    let Ok(mut stream) = connected else {
         return Ended::Broken;
     };
     let _ = stream.set_read_timeout(Some(Duration::from_secs(60)));
@@ -325,15 +328,13 @@ fn a_thousand_clients_at_256_descriptors_are_served_or_shed_cleanly() {
     );
     let mut s = Server { child, base };
     let addr = s.base.trim_start_matches("http://").to_string();
-    // A thousand clients at once, each with one whole request: four times the descriptors.
+    // A thousand clients connected at once, four times the descriptors, then each sends
+    // one whole request.
     let barrier = std::sync::Arc::new(std::sync::Barrier::new(1000));
     let clients: Vec<_> = (0..1000)
         .map(|_| {
             let (addr, barrier) = (addr.clone(), barrier.clone());
-            std::thread::spawn(move || {
-                barrier.wait();
-                one_request(&addr)
-            })
+            std::thread::spawn(move || one_request(&addr, &barrier))
         })
         .collect();
     let ended: Vec<Ended> = clients.into_iter().map(|c| c.join().unwrap()).collect();
@@ -346,12 +347,15 @@ fn a_thousand_clients_at_256_descriptors_are_served_or_shed_cleanly() {
     // Each one was served, or shed with a 503 or a clean close; none hung or broke.
     assert_eq!(served + shed + closed, 1000, "{ended:?}");
     assert!(served >= 200, "{served} served, {shed} shed, {closed} closed");
-    // The server is still up and serving, and said why it paused at most a few times.
+    // The server is still up and serving, and said why it paused once per pause (clients
+    // that connect late make more than one), and that it accepts again.
     assert!(s.child.try_wait().unwrap().is_none(), "the server died");
     assert!(ureq::get(&format!("{}/healthz", s.base)).call().is_ok());
     let logged = std::fs::read_to_string(&log).unwrap();
     let failures = logged.lines().filter(|l| l.contains("accept failed")).count();
-    assert!(failures <= 5, "{failures} accept failures logged");
+    let again = logged.lines().filter(|l| l.contains("accepting again")).count();
+    assert!((1..=5).contains(&failures) && again == failures, "{logged}");
+    assert!(logged.contains("Too many open files"), "{logged}");
     println!("{served} served, {shed} shed with 503, {closed} closed; {failures} accept failures logged");
     assert!(s.stop().success());
 }

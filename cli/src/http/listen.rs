@@ -21,8 +21,9 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 /// How long accepting pauses after a listener error that is not about one connection.
 const PAUSE_AFTER_ERROR: Duration = Duration::from_millis(100);
-/// Listener errors are logged at most this often (with how many there were since).
-const REPORT_EVERY: Duration = Duration::from_secs(1);
+/// While listener errors go on, they are logged again at most this often (with how many
+/// there were since).
+const REPORT_EVERY: Duration = Duration::from_secs(60);
 
 /// The listener with its connection bounds.
 pub struct Acceptor {
@@ -129,7 +130,10 @@ impl Acceptor {
     pub async fn accept(&mut self) -> (TcpStream, Place) {
         loop {
             let (stream, address) = match self.listener.accept().await {
-                Ok((stream, peer)) => (stream, peer.ip()),
+                Ok((stream, peer)) => {
+                    self.errors.cleared(Instant::now());
+                    (stream, peer.ip())
+                }
                 Err(e) => {
                     self.errors.note(&e, Instant::now());
                     if !about_one_connection(&e) {
@@ -202,26 +206,47 @@ fn about_one_connection(e: &io::Error) -> bool {
     )
 }
 
-/// Logs listener errors at most once per [`REPORT_EVERY`], counting the ones in between.
+/// Logs a run of listener errors once when it begins (again only every [`REPORT_EVERY`]
+/// while it lasts, counting the ones in between), and once when accepting works again.
 #[derive(Default)]
 struct ErrorReport {
+    /// When the current run of errors began.
+    since: Option<Instant>,
     last: Option<Instant>,
     unreported: u64,
+    /// Errors in the current run.
+    total: u64,
 }
 
 impl ErrorReport {
     /// Returns whether this error was logged.
     fn note(&mut self, e: &io::Error, now: Instant) -> bool {
         self.unreported += 1;
+        self.total += 1;
+        self.since.get_or_insert(now);
         if self
             .last
             .is_some_and(|t| now.duration_since(t) < REPORT_EVERY)
         {
             return false;
         }
-        tracing::warn!(error = %e, errors = self.unreported, "accept failed");
+        tracing::warn!(error = %e, errors = self.unreported, "accept failed: accepting pauses until it clears; connections already accepted are served");
         self.unreported = 0;
         self.last = Some(now);
+        true
+    }
+
+    /// A connection was accepted: the run of errors, if any, is over. Whether it logged.
+    fn cleared(&mut self, now: Instant) -> bool {
+        let Some(since) = self.since.take() else {
+            return false;
+        };
+        tracing::info!(
+            errors = self.total,
+            seconds = now.duration_since(since).as_secs_f64(),
+            "accepting again after failed accepts"
+        );
+        *self = ErrorReport::default();
         true
     }
 }
@@ -231,16 +256,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn errors_are_reported_once_a_second_with_their_count() {
+    fn a_run_of_errors_is_reported_when_it_begins_and_when_it_ends() {
         let mut report = ErrorReport::default();
         let e = io::Error::from_raw_os_error(24);
         let t0 = Instant::now();
+        assert!(!report.cleared(t0));
         assert!(report.note(&e, t0));
-        let quiet = (1..100).filter(|ms| report.note(&e, t0 + Duration::from_millis(*ms)));
+        let quiet = (1..100).filter(|s| report.note(&e, t0 + Duration::from_millis(100 * s)));
         assert_eq!(quiet.count(), 0);
         assert_eq!(report.unreported, 99);
         assert!(report.note(&e, t0 + REPORT_EVERY));
         assert_eq!(report.unreported, 0);
+        assert!(report.cleared(t0 + REPORT_EVERY));
+        assert!(!report.cleared(t0 + REPORT_EVERY));
+        // A new run is reported at once.
+        assert!(report.note(&e, t0 + REPORT_EVERY + Duration::from_millis(1)));
     }
 
     #[test]
