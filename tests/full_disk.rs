@@ -6,8 +6,12 @@
 //! the log says so once, not once per request. Once there is room again `/healthz` is ok
 //! by itself (no request needed) and admissions are accepted by the same process.
 //!
-//! It mounts a tmpfs, so it needs root: `.ci/run` runs it with
-//! `cargo test --release --test full_disk -- --ignored`.
+//! The same on PostgreSQL, whose database lives in a tablespace on a tmpfs of its own: the
+//! server answers 503 with the reason while PostgreSQL cannot extend its files, and recovers
+//! by itself.
+//!
+//! It mounts a tmpfs, so it needs root (and PostgreSQL for the second test): `.ci/run` runs
+//! it with `cargo test --release --test full_disk -- --ignored`.
 
 mod common;
 
@@ -156,6 +160,135 @@ fn a_full_disk_answers_503_keeps_nothing_half_written_and_recovers() {
     let log = std::fs::read_to_string(&log_path).unwrap();
     assert_eq!(log.matches("the store cannot write").count(), 1, "{log}");
     assert_eq!(log.matches("the store writes again").count(), 1, "{log}");
+    drop(disk);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A PostgreSQL database whose tablespace is on a tmpfs of its own, dropped at the end.
+struct FullDatabase {
+    admin_url: String,
+    name: String,
+}
+
+impl FullDatabase {
+    fn create(location: &std::path::Path) -> FullDatabase {
+        let admin_url = std::env::var("TOLLGATE_TEST_POSTGRES")
+            .expect("TOLLGATE_TEST_POSTGRES names a PostgreSQL superuser URL");
+        let name = format!("tollgate_full_{}", std::process::id());
+        Command::new("chown")
+            .args(["postgres:postgres"])
+            .arg(location)
+            .status()
+            .unwrap();
+        let mut c = postgres::Client::connect(&admin_url, postgres::NoTls).unwrap();
+        c.batch_execute(&format!(
+            "CREATE TABLESPACE {name} LOCATION '{}'",
+            location.display()
+        ))
+        .unwrap();
+        c.batch_execute(&format!("CREATE DATABASE {name} TABLESPACE {name}"))
+            .unwrap();
+        FullDatabase { admin_url, name }
+    }
+
+    fn url(&self) -> String {
+        let (base, _) = self.admin_url.rsplit_once('/').unwrap();
+        format!("{base}/{}", self.name)
+    }
+}
+
+impl Drop for FullDatabase {
+    fn drop(&mut self) {
+        if let Ok(mut c) = postgres::Client::connect(&self.admin_url, postgres::NoTls) {
+            let _ = c.batch_execute(&format!(
+                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+                self.name
+            ));
+            let _ = c.batch_execute(&format!("DROP TABLESPACE IF EXISTS {}", self.name));
+        }
+    }
+}
+
+#[test]
+#[ignore = "mounts a tmpfs (root only) and needs PostgreSQL: .ci/run runs it with --ignored"]
+fn a_full_postgres_tablespace_answers_503_and_recovers() {
+    let dir = std::env::temp_dir().join(format!("tollgate-full-pg-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let disk = Tmpfs::mount(&dir.join("disk"), "32m");
+    let space = disk.0.join("space");
+    std::fs::create_dir_all(&space).unwrap();
+    let db = FullDatabase::create(&space);
+    let config = json!({
+        "auth": {"callers": {CALLER: "acme"}, "admins": [ADMIN]},
+        "global": {"requests": {"capacity": 1000000, "refill_per_s": 0}, "concurrency": 1000000},
+        "tenant_defaults": {"requests": {"capacity": 1000000, "refill_per_s": 0},
+                            "tokens": {"capacity": 1000000000, "refill_per_s": 0}},
+        "tenants": {"acme": {}},
+    });
+    let log_path = dir.join("serve.log");
+    let log = std::fs::File::create(&log_path).unwrap();
+    let url = db.url();
+    let server = Server::start_via(&dir, &config, std::path::Path::new(&url), |program| {
+        let mut command = Command::new(program);
+        command.stdout(std::process::Stdio::null()).stderr(log);
+        command
+    });
+    let filler = disk.0.join("filler");
+    fill(&filler, 256 * 1024);
+    let admit = |key: String| {
+        let body = json!({"key": key, "route": "interactive", "input_tokens": 10,
+                          "max_output_tokens": 10, "deadline_ms": now_ms() + 600_000,
+                          "labels": {"a": "x".repeat(250), "b": "y".repeat(250)}});
+        server.admit(CALLER, body)
+    };
+    let (mut accepted, mut refused) = (0u64, None);
+    for i in 0..100_000 {
+        let (status, retry_after, body) = admit(format!("k{i}"));
+        match status {
+            200 => accepted += 1,
+            503 => {
+                refused = Some((retry_after, body));
+                break;
+            }
+            other => panic!("admission {i} answered {other}: {body}"),
+        }
+    }
+    let (retry_after, body) = refused.expect("the tablespace never filled");
+    println!("{accepted} admissions acknowledged before the tablespace was full");
+    assert!(accepted > 0);
+    assert_eq!(body["reason"], "store_unavailable", "{body}");
+    assert!(retry_after.is_some(), "a 503 carries Retry-After");
+    for i in 0..5 {
+        let (status, _, body) = admit(format!("again{i}"));
+        assert_eq!(status, 503, "{body}");
+    }
+    let (status, _, health) = server.call("GET", "/healthz", None, None);
+    let health = health.to_string();
+    assert_eq!(status, 503, "{health}");
+    assert!(health.contains("disk_full"), "{health}");
+    std::fs::remove_file(&filler).unwrap();
+    let started = Instant::now();
+    while server.call("GET", "/healthz", None, None).0 != 200 {
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "/healthz not ok after the tablespace had room"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (status, _, body) = admit("after".into());
+    assert_eq!(status, 200, "{body}");
+    let (_, _, inspect) = server.call("GET", "/v1/admin/inspect?limit=1", Some(ADMIN), None);
+    assert_eq!(
+        inspect["buckets"]["tenant.acme.requests"],
+        1_000_000 - (accepted + 1),
+        "{accepted} acknowledged"
+    );
+    assert!(server.stop().success());
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    assert_eq!(log.matches("the store cannot write").count(), 1, "{log}");
+    assert_eq!(log.matches("the store writes again").count(), 1, "{log}");
+    drop(db);
     drop(disk);
     let _ = std::fs::remove_dir_all(&dir);
 }
