@@ -190,9 +190,15 @@ fn each_crossing_arrives_once_signed_and_survives_a_receiver_down_and_a_restart(
     assert_eq!(bodies[0]["budget"], "tenant.acme.requests");
     assert_eq!(bodies[0]["threshold"], 0.5);
     assert_eq!(bodies[1]["threshold"], 1.0);
-    assert_eq!((bodies[1]["spent"].as_i64(), bodies[1]["limit"].as_i64()), (Some(4), Some(4)));
+    assert_eq!(
+        (bodies[1]["spent"].as_i64(), bodies[1]["limit"].as_i64()),
+        (Some(4), Some(4))
+    );
     assert_ne!(bodies[0]["id"], bodies[1]["id"]);
-    assert!(bodies[0]["resets_at"].as_str().unwrap().ends_with("T00:00:00.000Z"));
+    assert!(bodies[0]["resets_at"]
+        .as_str()
+        .unwrap()
+        .ends_with("T00:00:00.000Z"));
     for p in &got {
         // The receiver recomputes the signature: it matches under the secret, and would not
         // under another one, nor for an altered body.
@@ -212,7 +218,10 @@ fn each_crossing_arrives_once_signed_and_survives_a_receiver_down_and_a_restart(
     }
     let started = Instant::now();
     while pending(&server) < 2 {
-        assert!(started.elapsed() < Duration::from_secs(10), "alerts not pending");
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "alerts not pending"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     assert_eq!(posts.lock().unwrap().len(), 2);
@@ -226,10 +235,16 @@ fn each_crossing_arrives_once_signed_and_survives_a_receiver_down_and_a_restart(
         .iter()
         .map(|p| serde_json::from_slice(&p.body).unwrap())
         .collect();
-    assert!(late.iter().all(|b| b["budget"] == "tenant.globex.requests"), "{late:?}");
+    assert!(
+        late.iter().all(|b| b["budget"] == "tenant.globex.requests"),
+        "{late:?}"
+    );
     let started = Instant::now();
     while pending(&server) != 0 {
-        assert!(started.elapsed() < Duration::from_secs(10), "alerts still pending");
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "alerts still pending"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     std::thread::sleep(Duration::from_millis(1000));

@@ -28,7 +28,12 @@ fn config() -> Value {
         .map(|i| (format!("key-{i}"), json!(format!("t{i}"))))
         .collect();
     let tenants: serde_json::Map<String, Value> = (0..TENANTS)
-        .map(|i| (format!("t{i}"), json!({"group": if i % 2 == 0 { "east" } else { "west" }})))
+        .map(|i| {
+            (
+                format!("t{i}"),
+                json!({"group": if i % 2 == 0 { "east" } else { "west" }}),
+            )
+        })
         .collect();
     json!({
         "refund_unused_tokens": true,
@@ -74,7 +79,8 @@ fn no_overshoot(bases: &[String]) {
             })
         })
         .collect();
-    let answers: Vec<(usize, u16, Value)> = callers.into_iter().map(|c| c.join().unwrap()).collect();
+    let answers: Vec<(usize, u16, Value)> =
+        callers.into_iter().map(|c| c.join().unwrap()).collect();
     let admitted: Vec<usize> = answers
         .iter()
         .filter(|(_, s, _)| *s == 200)
@@ -89,10 +95,15 @@ fn no_overshoot(bases: &[String]) {
     let before = get(&bases[0], "/v1/admin/inspect")["buckets"].clone();
     assert_eq!(before["group.org.cost_microusd"], 0, "{before}");
     for i in &admitted {
-        let body = json!({"result": "succeeded", "usage": {"input_tokens": 10, "output_tokens": 3}});
+        let body =
+            json!({"result": "succeeded", "usage": {"input_tokens": 10, "output_tokens": 3}});
         let base = &bases[(i + 1) % bases.len()];
-        let (status, answer) = post(base, &format!("/v1/operations/call-{i}/complete"),
-                                    &format!("key-{}", i % TENANTS), &body);
+        let (status, answer) = post(
+            base,
+            &format!("/v1/operations/call-{i}/complete"),
+            &format!("key-{}", i % TENANTS),
+            &body,
+        );
         assert_eq!(status, 200, "{answer}");
     }
     let levels = get(&bases[0], "/v1/admin/inspect")["buckets"].clone();
@@ -116,8 +127,15 @@ fn no_overshoot(bases: &[String]) {
         assert_eq!(ledger(&by_group, "group", g), spent, "{g}");
     }
     for t in 0..TENANTS {
-        let spent = TENANT_MONEY - levels[format!("tenant.t{t}.cost_microusd")].as_u64().unwrap();
-        assert_eq!(ledger(&by_tenant, "tenant", &format!("t{t}")), spent, "t{t}");
+        let spent = TENANT_MONEY
+            - levels[format!("tenant.t{t}.cost_microusd")]
+                .as_u64()
+                .unwrap();
+        assert_eq!(
+            ledger(&by_tenant, "tenant", &format!("t{t}")),
+            spent,
+            "t{t}"
+        );
     }
     assert_eq!(by_tenant["total"]["calls"], K);
     println!(
@@ -131,7 +149,7 @@ fn no_overshoot(bases: &[String]) {
 fn four_hundred_callers_never_overshoot_a_group_budget_on_sqlite() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(dir.path(), &config());
-    no_overshoot(&[server.base.clone()]);
+    no_overshoot(std::slice::from_ref(&server.base));
 }
 
 /// A database of its own on the test server, dropped at the end.
@@ -146,7 +164,8 @@ impl Database {
             .expect("TOLLGATE_TEST_POSTGRES names a PostgreSQL superuser URL");
         let name = format!("tollgate_billing_{}", std::process::id());
         let mut c = postgres::Client::connect(&admin_url, postgres::NoTls).unwrap();
-        c.batch_execute(&format!("DROP DATABASE IF EXISTS {name}")).unwrap();
+        c.batch_execute(&format!("DROP DATABASE IF EXISTS {name}"))
+            .unwrap();
         c.batch_execute(&format!("CREATE DATABASE {name}")).unwrap();
         Database { admin_url, name }
     }
@@ -160,7 +179,10 @@ impl Database {
 impl Drop for Database {
     fn drop(&mut self) {
         if let Ok(mut c) = postgres::Client::connect(&self.admin_url, postgres::NoTls) {
-            let _ = c.batch_execute(&format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name));
+            let _ = c.batch_execute(&format!(
+                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+                self.name
+            ));
         }
     }
 }
@@ -171,7 +193,13 @@ fn four_hundred_callers_never_overshoot_a_group_budget_on_two_postgres_replicas(
     let db = Database::create();
     let dir = tempfile::tempdir().unwrap();
     let start = |n: usize| {
-        Server::start_on(Path::new(dir.path()), &format!("replica-{n}"), &config(), &db.url(), &[])
+        Server::start_on(
+            Path::new(dir.path()),
+            &format!("replica-{n}"),
+            &config(),
+            &db.url(),
+            &[],
+        )
     };
     let (a, b) = (start(1), start(2));
     no_overshoot(&[a.base.clone(), b.base.clone()]);

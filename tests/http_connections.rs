@@ -346,16 +346,27 @@ fn a_thousand_clients_at_256_descriptors_are_served_or_shed_cleanly() {
     );
     // Each one was served, or shed with a 503 or a clean close; none hung or broke.
     assert_eq!(served + shed + closed, 1000, "{ended:?}");
-    assert!(served >= 200, "{served} served, {shed} shed, {closed} closed");
+    assert!(
+        served >= 200,
+        "{served} served, {shed} shed, {closed} closed"
+    );
     // The server is still up and serving, and said why it paused once per pause (clients
     // that connect late make more than one), and that it accepts again.
     assert!(s.child.try_wait().unwrap().is_none(), "the server died");
     assert!(ureq::get(&format!("{}/healthz", s.base)).call().is_ok());
     let logged = std::fs::read_to_string(&log).unwrap();
-    let failures = logged.lines().filter(|l| l.contains("accept failed")).count();
-    let again = logged.lines().filter(|l| l.contains("accepting again")).count();
+    let failures = logged
+        .lines()
+        .filter(|l| l.contains("accept failed"))
+        .count();
+    let again = logged
+        .lines()
+        .filter(|l| l.contains("accepting again"))
+        .count();
     assert!((1..=5).contains(&failures) && again == failures, "{logged}");
     assert!(logged.contains("Too many open files"), "{logged}");
-    println!("{served} served, {shed} shed with 503, {closed} closed; {failures} accept failures logged");
+    println!(
+        "{served} served, {shed} shed with 503, {closed} closed; {failures} accept failures logged"
+    );
     assert!(s.stop().success());
 }

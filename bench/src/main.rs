@@ -207,12 +207,28 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             let exe = tollgate.map_or_else(serve_executable, Ok)?;
             println!(
                 "{:>6} {:>9} {:>5} {:>8} {:>8} {:>8} {:>7} {:>11} {:>10}",
-                "minute", "rss KiB", "fds", "p50 ms", "p99 ms", "calls", "errors", "store B", "wal B"
+                "minute",
+                "rss KiB",
+                "fds",
+                "p50 ms",
+                "p99 ms",
+                "calls",
+                "errors",
+                "store B",
+                "wal B"
             );
             let report = soak::soak(&exe, &dir, minutes, rate, |s| {
                 println!(
                     "{:>6} {:>9} {:>5} {:>8.3} {:>8.3} {:>8} {:>7} {:>11} {:>10}",
-                    s.minute, s.rss_kib, s.fds, s.p50_ms, s.p99_ms, s.calls, s.errors, s.store_bytes, s.wal_bytes
+                    s.minute,
+                    s.rss_kib,
+                    s.fds,
+                    s.p50_ms,
+                    s.p99_ms,
+                    s.calls,
+                    s.errors,
+                    s.store_bytes,
+                    s.wal_bytes
                 );
             });
             let _ = std::fs::remove_dir_all(&dir);

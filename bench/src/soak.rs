@@ -141,8 +141,7 @@ fn admission(key: &str, route: &str) -> Vec<u8> {
     .into_bytes()
 }
 
-const USAGE: &str =
-    r#"{"result":"succeeded","usage":{"input_tokens":100,"output_tokens":40}}"#;
+const USAGE: &str = r#"{"result":"succeeded","usage":{"input_tokens":100,"output_tokens":40}}"#;
 
 /// What the callers share: latencies of this minute, counters, the next ticket.
 #[derive(Default)]
@@ -155,11 +154,39 @@ struct Tally {
     completed: AtomicU64,
 }
 
+/// Asks to admit `key` on `route` for the tenant of key `caller`: the status.
+async fn admit(
+    http: &HttpClient,
+    base: &str,
+    caller: &str,
+    key: &str,
+    route: &str,
+) -> Result<u16, String> {
+    let body = admission(key, route);
+    Ok(call(http, base, "POST", "/v1/admit", caller, body).await?.0)
+}
+
+/// Completes `key` with usage (`body`): whether the server acknowledged it.
+async fn complete(
+    http: &HttpClient,
+    base: &str,
+    caller: &str,
+    key: &str,
+    body: String,
+    tally: &Tally,
+) -> Result<bool, String> {
+    let path = format!("/v1/operations/{key}/complete");
+    let (status, _) = call(http, base, "POST", &path, caller, body.into_bytes()).await?;
+    if status == 200 {
+        tally.completed.fetch_add(1, Ordering::Relaxed);
+    }
+    Ok(status == 200)
+}
+
 /// One ticket of the mix: six in ten an interactive call completed with usage, two a
 /// durable job, one the broke tenant (refused), one a worker's dispatch and completions.
 async fn ticket(http: &HttpClient, base: &str, n: u64, tally: &Tally) -> Result<(), String> {
-    let tenant = n % TENANTS;
-    let caller = format!("key-{tenant}");
+    let caller = format!("key-{}", n % TENANTS);
     let check = |ok: bool| {
         tally.calls.fetch_add(1, Ordering::Relaxed);
         if !ok {
@@ -170,41 +197,35 @@ async fn ticket(http: &HttpClient, base: &str, n: u64, tally: &Tally) -> Result<
         0..=5 => {
             let key = format!("i{n}");
             let t = Instant::now();
-            let (status, _) = call(http, base, "POST", "/v1/admit", &caller, admission(&key, "interactive")).await?;
-            tally.latencies.lock().unwrap().push(t.elapsed().as_secs_f64() * 1e3);
+            let status = admit(http, base, &caller, &key, "interactive").await?;
+            let ms = t.elapsed().as_secs_f64() * 1e3;
+            tally.latencies.lock().unwrap().push(ms);
             check(status == 200);
             if status == 200 {
-                let path = format!("/v1/operations/{key}/complete");
-                let (status, _) = call(http, base, "POST", &path, &caller, USAGE.into()).await?;
-                check(status == 200);
-                if status == 200 {
-                    tally.completed.fetch_add(1, Ordering::Relaxed);
-                }
+                check(complete(http, base, &caller, &key, USAGE.into(), tally).await?);
             }
         }
         6 | 7 => {
-            let (status, _) = call(http, base, "POST", "/v1/admit", &caller, admission(&format!("d{n}"), "durable")).await?;
+            let status = admit(http, base, &caller, &format!("d{n}"), "durable").await?;
             check(status == 202);
         }
         8 => {
-            let (status, _) = call(http, base, "POST", "/v1/admit", "broke-key", admission(&format!("b{n}"), "interactive")).await?;
+            let status = admit(http, base, "broke-key", &format!("b{n}"), "interactive").await?;
             // Five a day, then refused by its period budget.
             check(status == 200 || status == 429);
         }
         _ => {
-            let (status, body) = call(http, base, "POST", "/v1/dispatch", WORKER, br#"{"count":4}"#.to_vec()).await?;
+            let dispatch = br#"{"count":4}"#.to_vec();
+            let (status, body) = call(http, base, "POST", "/v1/dispatch", WORKER, dispatch).await?;
             check(status == 200);
             let answer: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
             for job in answer["claimed"].as_array().into_iter().flatten() {
-                let (tenant, key) = (job["tenant"].as_str().unwrap_or(""), job["key"].as_str().unwrap_or(""));
+                let tenant = job["tenant"].as_str().unwrap_or("");
+                let key = job["key"].as_str().unwrap_or("");
                 let body = format!(
                     r#"{{"tenant":"{tenant}","result":"succeeded","usage":{{"input_tokens":100,"output_tokens":40}}}}"#
                 );
-                let (status, _) = call(http, base, "POST", &format!("/v1/operations/{key}/complete"), WORKER, body.into_bytes()).await?;
-                check(status == 200);
-                if status == 200 {
-                    tally.completed.fetch_add(1, Ordering::Relaxed);
-                }
+                check(complete(http, base, WORKER, key, body, tally).await?);
             }
         }
     }
@@ -291,9 +312,8 @@ fn accounting(db: &Path, completed: i64) -> Result<(bool, String), String> {
     let in_flight = one("SELECT COUNT(*) FROM operations WHERE state IN ('active', 'unknown')")?;
     let ledger_calls = one("SELECT SUM(calls) FROM spend")?;
     let ledger_tokens = one("SELECT SUM(input_tokens + output_tokens) FROM spend")?;
-    let held = slots == in_flight
-        && ledger_calls == completed
-        && ledger_tokens == completed * USED_TOKENS;
+    let held =
+        slots == in_flight && ledger_calls == completed && ledger_tokens == completed * USED_TOKENS;
     Ok((
         held,
         format!(
@@ -325,7 +345,13 @@ pub fn soak(
         // Capacity: the same mix, as fast as the callers can, for ten seconds.
         let probe = Arc::new(Tally::default());
         let t = Instant::now();
-        drive(&base, 0.0, Instant::now() + Duration::from_secs(10), probe.clone()).await;
+        drive(
+            &base,
+            0.0,
+            Instant::now() + Duration::from_secs(10),
+            probe.clone(),
+        )
+        .await;
         let capacity = probe.calls.load(Ordering::Relaxed) as f64 / t.elapsed().as_secs_f64();
         // Tickets per second: a ticket is about 1.5 calls.
         let rate = rate.unwrap_or(capacity / 2.0 / 1.5);
@@ -342,9 +368,18 @@ pub fn soak(
         let swap_every = (minutes / 5).clamp(1, 5);
         let mut samples = Vec::new();
         for minute in 1..=minutes {
-            tokio::time::sleep_until((until - Duration::from_secs((minutes - minute) * 60)).into()).await;
+            tokio::time::sleep_until((until - Duration::from_secs((minutes - minute) * 60)).into())
+                .await;
             if minute % swap_every == 0 && minute < minutes {
-                let _ = call(&admin, &base, "PUT", "/v1/admin/policy", ADMIN, standard.to_vec()).await;
+                let _ = call(
+                    &admin,
+                    &base,
+                    "PUT",
+                    "/v1/admin/policy",
+                    ADMIN,
+                    standard.to_vec(),
+                )
+                .await;
             }
             let mut latencies = std::mem::take(&mut *tally.latencies.lock().unwrap());
             latencies.sort_by(|a, b| a.total_cmp(b));
@@ -366,7 +401,8 @@ pub fn soak(
         // The last completions are committed by the writer's next batches.
         tokio::time::sleep(Duration::from_millis(500)).await;
         let alive = matches!(server.0.try_wait(), Ok(None));
-        let completed = probe.completed.load(Ordering::Relaxed) + tally.completed.load(Ordering::Relaxed);
+        let completed =
+            probe.completed.load(Ordering::Relaxed) + tally.completed.load(Ordering::Relaxed);
         let (accounting_held, accounting) = accounting(&db, completed as i64)?;
         let col = |f: fn(&Sample) -> f64| samples.iter().map(f).collect::<Vec<f64>>();
         Ok(SoakReport {
@@ -375,9 +411,12 @@ pub fn soak(
             rss_flat: flat(&col(|s| s.rss_kib as f64), 0.0),
             p99_flat: flat(&col(|s| s.p99_ms), 0.0),
             fds_flat: flat(&col(|s| s.fds as f64), 4.0),
-            store_bounded: samples.get(3).zip(samples.last()).is_none_or(|(settled, last)| {
-                last.store_bytes as f64 <= settled.store_bytes as f64 * 1.25
-            }),
+            store_bounded: samples
+                .get(3)
+                .zip(samples.last())
+                .is_none_or(|(settled, last)| {
+                    last.store_bytes as f64 <= settled.store_bytes as f64 * 1.25
+                }),
             server_alive: alive,
             accounting_held,
             accounting,

@@ -42,7 +42,10 @@ impl AlertRule {
         }
         if self.at.is_empty()
             || self.at.len() > 16
-            || !self.at.iter().all(|f| f.is_finite() && *f > 0.0 && *f <= 1.0)
+            || !self
+                .at
+                .iter()
+                .all(|f| f.is_finite() && *f > 0.0 && *f <= 1.0)
         {
             return Err(ConfigError(format!(
                 "{}: 1 to 16 fractions, each above 0 and at most 1",
@@ -197,7 +200,14 @@ mod tests {
             updated_ms: 0,
         };
         let rules = [rule("group.*", &[0.5, 0.8, 1.0]), rule("tenant.*", &[0.1])];
-        let alerts = crossings(&rules, "group.org.cost_microusd", limits, state(60), state(15), 0);
+        let alerts = crossings(
+            &rules,
+            "group.org.cost_microusd",
+            limits,
+            state(60),
+            state(15),
+            0,
+        );
         let ids: Vec<&str> = alerts.iter().map(|a| a.id.as_str()).collect();
         // 40% to 85% spent: 0.5 and 0.8, not 1.0; the tenant rule does not watch it.
         assert_eq!(
@@ -208,10 +218,16 @@ mod tests {
             ]
         );
         let body: serde_json::Value = serde_json::from_str(&alerts[0].payload).unwrap();
-        assert_eq!((body["spent"].as_i64(), body["limit"].as_i64()), (Some(85), Some(100)));
+        assert_eq!(
+            (body["spent"].as_i64(), body["limit"].as_i64()),
+            (Some(85), Some(100))
+        );
         assert_eq!(body["resets_at"], "1970-02-01T00:00:00.000Z");
         // Exactly at the limit is a crossing of 1.0; a refund is none.
-        assert_eq!(crossings(&rules, "group.x", limits, state(1), state(0), 0).len(), 1);
+        assert_eq!(
+            crossings(&rules, "group.x", limits, state(1), state(0), 0).len(),
+            1
+        );
         assert!(crossings(&rules, "group.x", limits, state(0), state(10), 0).is_empty());
     }
 

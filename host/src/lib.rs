@@ -38,8 +38,8 @@ pub mod reason;
 pub mod runtime;
 pub mod scenario;
 pub mod shape;
-pub mod spend;
 pub mod simulate;
+pub mod spend;
 
 pub mod store;
 pub mod validate;

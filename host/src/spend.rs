@@ -211,11 +211,13 @@ impl SpendQuery {
                 format!("group_by: {w:?} is not one of tenant, group, model, day")
             })?,
         };
-        let time = |field: &str, text: Option<&str>, default: i64| match text {
+        let time = |field: &str, text: Option<&str>, default: i64| {
+            match text {
             None => Ok(default),
             Some(t) => parse_time(t).ok_or_else(|| {
                 format!("{field}: {t:?} is not an RFC 3339 time, a YYYY-MM-DD day or epoch milliseconds")
             }),
+        }
         };
         let from_ms = time("from", from, month_start(now_ms))?;
         let to_ms = time("to", to, now_ms.saturating_add(1))?;
@@ -354,7 +356,10 @@ mod tests {
         ];
         let by_group = report(&rows, GroupBy::Group);
         assert_eq!(
-            by_group.iter().map(|l| (l.key.as_str(), l.cost_microusd)).collect::<Vec<_>>(),
+            by_group
+                .iter()
+                .map(|l| (l.key.as_str(), l.cost_microusd))
+                .collect::<Vec<_>>(),
             vec![("org", 150), ("team", 150)]
         );
         let by_day = report(&rows, GroupBy::Day);
@@ -377,8 +382,8 @@ mod tests {
         assert_eq!(q.group_by, GroupBy::Tenant);
         assert_eq!(rfc3339(q.from_ms), "2027-03-01T00:00:00.000Z");
         assert_eq!(q.to_ms, now + 1);
-        let q = SpendQuery::parse(Some("day"), Some("2027-01-01"), Some("1800000000000"), now)
-            .unwrap();
+        let q =
+            SpendQuery::parse(Some("day"), Some("2027-01-01"), Some("1800000000000"), now).unwrap();
         assert_eq!(rfc3339(q.from_ms), "2027-01-01T00:00:00.000Z");
         assert_eq!(q.to_ms, 1_800_000_000_000);
         let e = SpendQuery::parse(Some("week"), None, None, now).unwrap_err();

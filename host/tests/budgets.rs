@@ -59,7 +59,10 @@ fn a_monthly_budget_resets_on_the_first_and_not_before() {
     // The retry-after is the reset: one minute to February.
     assert_eq!(refused["retry_after_ms"], 60_000, "{refused}");
     let inspection = e.inspect(jan31).unwrap();
-    assert_eq!(inspection.resets_at["tenant.acme.requests"], ms("2027-02-01T00:00:00Z"));
+    assert_eq!(
+        inspection.resets_at["tenant.acme.requests"],
+        ms("2027-02-01T00:00:00Z")
+    );
     assert_eq!(
         admit(&e, "acme", "c", None, ms("2027-01-31T23:59:59.999Z"))["outcome"],
         "rejected"
@@ -69,7 +72,10 @@ fn a_monthly_budget_resets_on_the_first_and_not_before() {
         "accepted"
     );
     // Nothing carries over: one more this month, then refused until March.
-    assert_eq!(admit(&e, "acme", "d", None, ms("2027-02-28T12:00:00Z"))["outcome"], "accepted");
+    assert_eq!(
+        admit(&e, "acme", "d", None, ms("2027-02-28T12:00:00Z"))["outcome"],
+        "accepted"
+    );
     let refused = admit(&e, "acme", "e", None, ms("2027-02-28T23:00:00Z"));
     assert_eq!(refused["retry_after_ms"], 3_600_000, "{refused}");
 }
@@ -79,10 +85,16 @@ fn a_leap_day_belongs_to_february() {
     let e = engine(json!({
         "tenants": {"acme": {"requests": {"limit": 1, "period": "month"}}}
     }));
-    assert_eq!(admit(&e, "acme", "a", None, ms("2028-02-29T10:00:00Z"))["outcome"], "accepted");
+    assert_eq!(
+        admit(&e, "acme", "a", None, ms("2028-02-29T10:00:00Z"))["outcome"],
+        "accepted"
+    );
     let refused = admit(&e, "acme", "b", None, ms("2028-02-29T23:00:00Z"));
     assert_eq!(refused["retry_after_ms"], 3_600_000, "{refused}");
-    assert_eq!(admit(&e, "acme", "b", None, ms("2028-03-01T00:00:00Z"))["outcome"], "accepted");
+    assert_eq!(
+        admit(&e, "acme", "b", None, ms("2028-03-01T00:00:00Z"))["outcome"],
+        "accepted"
+    );
 }
 
 #[test]
@@ -97,8 +109,14 @@ fn a_daily_budget_follows_local_midnight_across_daylight_saving() {
     let midnight = ms("2027-03-15T00:00:00-04:00");
     assert_eq!(refused["retry_after_ms"], midnight - before, "{refused}");
     assert_eq!(midnight - before, 22 * 3_600_000 + 30 * 60_000);
-    assert_eq!(admit(&e, "acme", "b", None, midnight - 1)["outcome"], "rejected");
-    assert_eq!(admit(&e, "acme", "b", None, midnight)["outcome"], "accepted");
+    assert_eq!(
+        admit(&e, "acme", "b", None, midnight - 1)["outcome"],
+        "rejected"
+    );
+    assert_eq!(
+        admit(&e, "acme", "b", None, midnight)["outcome"],
+        "accepted"
+    );
 }
 
 #[test]
@@ -152,8 +170,57 @@ fn groups_reserve_with_the_tenant_all_or_nothing_and_refund_at_every_level() {
     let refused = admit(&e, "a", "x", Some("m"), ms("2027-05-12T00:00:00Z"));
     assert_eq!(refused["reason"], "group_budget", "{refused}");
     assert_eq!(refused["limit"], "group.org.cost_microusd", "{refused}");
-    assert_eq!(refused["retry_after_ms"], ms("2027-06-01T00:00:00Z") - ms("2027-05-12T00:00:00Z"));
+    assert_eq!(
+        refused["retry_after_ms"],
+        ms("2027-06-01T00:00:00Z") - ms("2027-05-12T00:00:00Z")
+    );
     assert!(level(&e, "group.org.cost_microusd", t1) >= 0);
     let inspection = e.inspect(t1).unwrap();
-    assert_eq!(inspection.resets_at["group.org.cost_microusd"], ms("2027-06-01T00:00:00Z"));
+    assert_eq!(
+        inspection.resets_at["group.org.cost_microusd"],
+        ms("2027-06-01T00:00:00Z")
+    );
+}
+
+#[test]
+fn a_reset_under_load_grants_exactly_one_limit_on_each_side_of_the_boundary() {
+    let e = Arc::new(engine(json!({
+        "global": {"requests": {"capacity": 100000, "refill_per_s": 0}, "concurrency": 100000},
+        "groups": {"team": {"budgets": {"requests": {"limit": 50, "period": "day",
+                                                      "timezone": "Asia/Tokyo"}}}},
+        "tenant_defaults": {"requests": {"capacity": 100000, "refill_per_s": 0}, "group": "team"},
+        "tenants": {"a": {}, "b": {}, "c": {}, "d": {}}
+    })));
+    // Tokyo's midnight; eight callers ask 320 times in the 320 ms around it. The clock moves
+    // forward with each decision, as the writer's does (one time per transaction).
+    let midnight = ms("2027-04-01T00:00:00+09:00");
+    let clock = Arc::new(std::sync::Mutex::new(midnight - 160));
+    let threads: Vec<_> = (0..8)
+        .map(|t| {
+            let (e, clock) = (e.clone(), clock.clone());
+            std::thread::spawn(move || {
+                let mut admitted = (0, 0);
+                for i in 0..40 {
+                    let tenant = ["a", "b", "c", "d"][t % 4];
+                    let mut now = clock.lock().unwrap();
+                    *now += 1;
+                    let answer = admit(&e, tenant, &format!("{t}-{i}"), None, *now);
+                    if answer["outcome"] == "accepted" {
+                        if *now < midnight {
+                            admitted.0 += 1;
+                        } else {
+                            admitted.1 += 1;
+                        }
+                    }
+                }
+                admitted
+            })
+        })
+        .collect();
+    let (before, after) = threads
+        .into_iter()
+        .map(|t| t.join().unwrap())
+        .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+    // 160 asks on each side, 50 fit each day: never more, and all of them are used.
+    assert_eq!((before, after), (50, 50));
 }

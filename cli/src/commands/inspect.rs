@@ -113,7 +113,10 @@ pub fn spend(args: SpendArgs) -> Result<ExitCode, String> {
     if args.csv {
         print!("{}", tollgate::spend::csv(&lines, query.group_by));
     } else {
-        println!("{}", serde_json::to_string_pretty(&query.json(&lines)).unwrap());
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&query.json(&lines)).unwrap()
+        );
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -172,7 +172,11 @@ fn budget_headers(headers: &mut HeaderMap, levels: &TenantLevels) {
         m.remaining_microusd.to_string(),
     );
     if let Some(at) = m.resets_at_ms {
-        set(headers, "x-tollgate-budget-resets", tollgate::spend::rfc3339(at));
+        set(
+            headers,
+            "x-tollgate-budget-resets",
+            tollgate::spend::rfc3339(at),
+        );
     }
 }
 

@@ -76,8 +76,8 @@ pub async fn send_forever(state: Shared) {
         tick.tick().await;
         let engine = state.engine.clone();
         let now_ms = state.clock.now_ms();
-        let due = tokio::task::spawn_blocking(move || engine.take_due_alerts(now_ms, PER_ROUND))
-            .await;
+        let due =
+            tokio::task::spawn_blocking(move || engine.take_due_alerts(now_ms, PER_ROUND)).await;
         let Ok(Ok(due)) = due else {
             continue;
         };
@@ -86,12 +86,15 @@ pub async fn send_forever(state: Shared) {
             let engine = state.engine.clone();
             let alert = alert.clone();
             let now_ms = state.clock.now_ms();
-            let _ = tokio::task::spawn_blocking(move || engine.alert_posted(&alert, ok, now_ms))
-                .await;
+            let _ =
+                tokio::task::spawn_blocking(move || engine.alert_posted(&alert, ok, now_ms)).await;
         }
         let engine = state.engine.clone();
         if let Ok(Ok(n)) = tokio::task::spawn_blocking(move || engine.pending_alerts()).await {
-            state.metrics.alerts_pending.set(n.min(i64::MAX as u64) as i64);
+            state
+                .metrics
+                .alerts_pending
+                .set(n.min(i64::MAX as u64) as i64);
         }
     }
 }

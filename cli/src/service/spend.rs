@@ -42,8 +42,7 @@ pub(super) async fn spend(
         )));
     }
     let get = |k: &str| params.get(k).map(String::as_str);
-    let query = match SpendQuery::parse(get("group_by"), get("from"), get("to"), s.clock.now_ms())
-    {
+    let query = match SpendQuery::parse(get("group_by"), get("from"), get("to"), s.clock.now_ms()) {
         Ok(q) => q,
         Err(e) => return Ok(invalid(e)),
     };
@@ -58,7 +57,10 @@ pub(super) async fn spend(
         Ok(rows) => rows,
         Err(e) => {
             tracing::warn!(error = %e, "spend report failed");
-            return Err(refuse_until(Rejection::StoreUnavailable, STORE_RETRY_AFTER_MS));
+            return Err(refuse_until(
+                Rejection::StoreUnavailable,
+                STORE_RETRY_AFTER_MS,
+            ));
         }
     };
     let lines = spend::report(&rows, query.group_by);

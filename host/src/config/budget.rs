@@ -118,9 +118,9 @@ impl TryFrom<BudgetInput> for BucketConfig {
             (Some(capacity), Some(refill_per_s)) => {
                 Ok(BucketConfig::refilling(capacity, refill_per_s))
             }
-            _ => Err(
-                "a budget needs `capacity` and `refill_per_s`, or `limit` and `period`".into(),
-            ),
+            _ => {
+                Err("a budget needs `capacity` and `refill_per_s`, or `limit` and `period`".into())
+            }
         }
     }
 }
@@ -163,10 +163,9 @@ impl BucketOverlay {
                 .limit
                 .or(base_period.map(|_| base.capacity))
                 .ok_or_else(|| named("a period budget needs `limit`"))?;
-            let period = o
-                .period
-                .or(base_period.map(|c| c.period))
-                .ok_or_else(|| named("a period budget needs `period` (hour, day, week or month)"))?;
+            let period = o.period.or(base_period.map(|c| c.period)).ok_or_else(|| {
+                named("a period budget needs `period` (hour, day, week or month)")
+            })?;
             let timezone = o
                 .timezone
                 .clone()
@@ -198,8 +197,8 @@ mod tests {
 
     #[test]
     fn both_forms_read_and_write_back() {
-        let b = budget(json!({"limit": 500, "period": "month", "timezone": "Europe/Paris"}))
-            .unwrap();
+        let b =
+            budget(json!({"limit": 500, "period": "month", "timezone": "Europe/Paris"})).unwrap();
         assert_eq!(b.capacity, 500.0);
         assert_eq!(b.period.unwrap().timezone_name(), "Europe/Paris");
         assert_eq!(
@@ -228,8 +227,8 @@ mod tests {
 
     #[test]
     fn overlays_keep_the_form_they_name() {
-        let month = budget(json!({"limit": 100, "period": "month", "timezone": "Asia/Tokyo"}))
-            .unwrap();
+        let month =
+            budget(json!({"limit": 100, "period": "month", "timezone": "Asia/Tokyo"})).unwrap();
         let o: BucketOverlay = serde_json::from_value(json!({"limit": 40})).unwrap();
         let b = o.over(month, "t").unwrap();
         assert_eq!(b.capacity, 40.0);
@@ -239,6 +238,9 @@ mod tests {
         let e = o.over(refill, "tenants.a.requests").unwrap_err();
         assert!(e.0.starts_with("tenants.a.requests:"), "{e}");
         let o: BucketOverlay = serde_json::from_value(json!({"refill_per_s": 2})).unwrap();
-        assert_eq!(o.over(refill, "t").unwrap(), BucketConfig::refilling(10.0, 2.0));
+        assert_eq!(
+            o.over(refill, "t").unwrap(),
+            BucketConfig::refilling(10.0, 2.0)
+        );
     }
 }

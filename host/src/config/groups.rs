@@ -79,7 +79,10 @@ pub(crate) fn effective(
         if chain.len() > MAX_GROUP_DEPTH {
             let cycle = chain[1..].contains(&name.as_str());
             return Err(ConfigError(if cycle {
-                format!("groups.{name}.parent: the parents make a cycle ({})", chain.join(" -> "))
+                format!(
+                    "groups.{name}.parent: the parents make a cycle ({})",
+                    chain.join(" -> ")
+                )
             } else {
                 format!(
                     "groups.{name}.parent: groups nest at most {MAX_GROUP_DEPTH} levels ({})",
@@ -93,7 +96,10 @@ pub(crate) fn effective(
 
 /// A group and its ancestors, nearest first; stops one past [`MAX_GROUP_DEPTH`] so that a
 /// cycle or a chain too deep shows as a chain too long.
-pub(crate) fn chain_of<'a>(groups: &'a BTreeMap<String, GroupInput>, group: &'a str) -> Vec<&'a str> {
+pub(crate) fn chain_of<'a>(
+    groups: &'a BTreeMap<String, GroupInput>,
+    group: &'a str,
+) -> Vec<&'a str> {
     let mut chain = vec![group];
     let mut at = group;
     while let Some(parent) = groups.get(at).and_then(|g| g.parent.as_deref()) {
@@ -138,12 +144,17 @@ mod tests {
             "g1": {"parent": "g2"}, "g2": {"parent": "g3"}, "g3": {"parent": "g4"},
             "g4": {"parent": "g5"}, "g5": {}
         }}));
-        assert!(e.contains("groups.g1.parent") && e.contains("at most 4"), "{e}");
+        assert!(
+            e.contains("groups.g1.parent") && e.contains("at most 4"),
+            "{e}"
+        );
         let e = err(json!({"groups": {"a": {"parent": "nope"}}}));
         assert!(e.contains("groups.a.parent"), "{e}");
         let e = err(json!({"tenants": {"t": {"group": "nope"}}}));
         assert!(e.contains("tenants.t.group"), "{e}");
-        let e = err(json!({"groups": {"a": {"budgets": {"tokens": {"limit": 1, "period": "day", "timezone": "Nowhere/Land"}}}}}));
+        let e = err(
+            json!({"groups": {"a": {"budgets": {"tokens": {"limit": 1, "period": "day", "timezone": "Nowhere/Land"}}}}}),
+        );
         assert!(e.contains("timezone") && e.contains("Nowhere/Land"), "{e}");
         let e = err(json!({"groups": {"a": {"budgets": {"money": {}}}}}));
         assert!(e.contains("money"), "{e}");

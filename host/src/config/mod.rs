@@ -9,12 +9,12 @@ mod file;
 mod gateway;
 mod groups;
 mod price;
+pub use budget::{BucketConfig, DEFAULT_TIMEZONE};
 pub use file::{bare_worker_name, ConfigFile, ConfigFileError, Role, DEFAULT_MAX_CONNECTIONS};
 pub use gateway::{
     Concurrency, Deployment, GatewayConfig, GatewayModel, Routing, Upstream, UpstreamKind,
     MAX_DEPLOYMENTS, TOKENIZERS,
 };
-pub use budget::{BucketConfig, DEFAULT_TIMEZONE};
 pub use groups::{GroupConfig, MAX_GROUP_DEPTH};
 pub use price::Price;
 
@@ -580,7 +580,11 @@ impl Config {
     }
 }
 
-fn overlay(base: &TenantConfig, o: &TenantOverlay, field: &str) -> Result<TenantConfig, ConfigError> {
+fn overlay(
+    base: &TenantConfig,
+    o: &TenantOverlay,
+    field: &str,
+) -> Result<TenantConfig, ConfigError> {
     let bucket = |o: &Option<BucketOverlay>, base: BucketConfig, name: &str| match o {
         Some(b) => b.over(base, &format!("{field}.{name}")),
         None => Ok(base),

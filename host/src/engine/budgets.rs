@@ -2,13 +2,13 @@
 
 use crate::alerts::{crossings, Alert, AlertRule};
 use crate::bucket::{self, Limits, Shortage};
-use std::sync::Arc;
 use crate::config::{Config, Price, TenantConfig};
 use crate::explain::{Shortfall, Unit};
 use crate::model::names;
 use crate::reason::Reason;
 use crate::runtime::{BucketLevel, SlotLevel};
 use crate::store::{StoreError, Tx};
+use std::sync::Arc;
 
 /// A named bucket and its configured limits.
 pub(crate) struct BucketRef {
@@ -429,7 +429,14 @@ impl Budgets {
             match level.spend(b.limits, credits) {
                 Ok(next) => {
                     if !self.alerts.is_empty() {
-                        alerts.extend(crossings(&self.alerts, &b.name, b.limits, level, next, now_ms));
+                        alerts.extend(crossings(
+                            &self.alerts,
+                            &b.name,
+                            b.limits,
+                            level,
+                            next,
+                            now_ms,
+                        ));
                     }
                     spends.push((b.name.clone(), next))
                 }

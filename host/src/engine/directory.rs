@@ -190,8 +190,8 @@ struct Snapshot {
 }
 
 fn write_groups(tx: &mut dyn Tx, groups: &Written) -> Result<(), StoreError> {
-    let text = serde_json::to_string(groups)
-        .map_err(|e| StoreError::Schema(format!("groups: {e}")))?;
+    let text =
+        serde_json::to_string(groups).map_err(|e| StoreError::Schema(format!("groups: {e}")))?;
     tx.set_meta(GROUPS, &text)
 }
 
@@ -207,8 +207,9 @@ fn read(tx: &mut dyn Tx) -> Result<Snapshot, StoreError> {
         tenants.insert(name, value);
     }
     let groups = match tx.meta(GROUPS)? {
-        Some(text) => serde_json::from_str(&text)
-            .map_err(|e| StoreError::Schema(format!("groups: {e}")))?,
+        Some(text) => {
+            serde_json::from_str(&text).map_err(|e| StoreError::Schema(format!("groups: {e}")))?
+        }
         None => Written::new(),
     };
     Ok(Snapshot {

@@ -31,10 +31,10 @@ pub use shadow::{Disagreement, OutcomePair, PlanShape, ShadowReport, RECENT_DISA
 pub use stored_policy::Adopted;
 pub use swap::{NoVerifier, PolicyIdentity, SwapError, Verifier};
 
+use crate::alerts::Alert;
 use crate::config::Config;
 use crate::model::{names, JobRef, OpState, Operation, Route};
 use crate::runtime::{Decider, DecisionView, Jitter, Params, Runtime};
-use crate::alerts::Alert;
 use crate::spend::SpendRow;
 use crate::store::{Store, StoreError, Tx};
 use budgets::{BucketRef, Budgets};
@@ -336,7 +336,10 @@ impl<S: Store> Engine<S> {
             buckets.insert(b.name.clone(), level.whole_credits());
             if let Some(at) = b.limits.resets_at(level.updated_ms) {
                 resets_at.insert(b.name.clone(), at);
-                period_limits.insert(b.name.clone(), b.limits.capacity_micro / crate::bucket::MICRO);
+                period_limits.insert(
+                    b.name.clone(),
+                    b.limits.capacity_micro / crate::bucket::MICRO,
+                );
             }
             Ok(())
         };

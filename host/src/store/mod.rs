@@ -11,9 +11,9 @@ mod row_cache;
 mod schema;
 pub mod sqlite;
 
+use crate::alerts::Alert;
 use crate::bucket;
 use crate::model::{Operation, Priority};
-use crate::alerts::Alert;
 use crate::spend::SpendRow;
 
 #[cfg(feature = "postgres")]
@@ -491,7 +491,8 @@ pub trait Tx {
 /// for their placeholders (written in SQLite's).
 pub(crate) mod ledger_sql {
     /// Adds one call's figures to its hour's row.
-    pub const ADD: &str = "INSERT INTO spend (hour_ms, tenant, group_chain, model, deployment, calls,
+    pub const ADD: &str =
+        "INSERT INTO spend (hour_ms, tenant, group_chain, model, deployment, calls,
         input_tokens, output_tokens, cached_input_tokens, cache_write_tokens, reasoning_tokens,
         cost_microusd) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)
         ON CONFLICT (hour_ms, tenant, group_chain, model, deployment) DO UPDATE SET

@@ -6,9 +6,9 @@ use super::locks::{Held, RowLock};
 use super::op_cache::OpCache;
 use super::statements::Statements;
 use super::wire::{self, Wanted};
+use crate::alerts::Alert;
 use crate::bucket;
 use crate::model::{Operation, Priority};
-use crate::alerts::Alert;
 use crate::spend::SpendRow;
 use crate::store::row_cache::RowCache;
 use crate::store::{KeyRole, Prefetch, QueuedJob, StoreError, StoredKey, Tx};
@@ -452,7 +452,9 @@ impl Tx for PgTx<'_> {
         .map(drop)
     }
     fn spend_rows(&mut self, from_ms: i64, to_ms: i64) -> Result<Vec<SpendRow>, StoreError> {
-        let rows = self.client.query(&self.st.spend_rows, &[&from_ms, &to_ms])?;
+        let rows = self
+            .client
+            .query(&self.st.spend_rows, &[&from_ms, &to_ms])?;
         Ok(rows
             .iter()
             .map(|r| {
@@ -533,6 +535,9 @@ impl Tx for PgTx<'_> {
     }
     fn delete_sent_alerts(&mut self, before_ms: i64, limit: u32) -> Result<u64, StoreError> {
         self.need_store()?;
-        self.exec(&self.st.delete_sent_alerts, &[&before_ms, &i64::from(limit)])
+        self.exec(
+            &self.st.delete_sent_alerts,
+            &[&before_ms, &i64::from(limit)],
+        )
     }
 }

@@ -3,9 +3,9 @@
 
 use super::super::row_cache::RowCache;
 use super::super::{ledger_sql, KeyRole, QueuedJob, StoreError, StoredKey, Tx};
+use crate::alerts::Alert;
 use crate::bucket;
 use crate::model::{Operation, Priority};
-use crate::alerts::Alert;
 use crate::spend::SpendRow;
 use rusqlite::{params, Connection, OptionalExtension};
 
@@ -498,22 +498,20 @@ impl Tx for SqliteTx<'_> {
     }
 
     fn add_spend(&mut self, row: &SpendRow) -> Result<(), StoreError> {
-        self.tx
-            .prepare_cached(ledger_sql::ADD)?
-            .execute(params![
-                row.hour_ms,
-                row.tenant,
-                row.groups_text(),
-                row.model,
-                row.deployment,
-                big(row.calls),
-                big(row.input_tokens),
-                big(row.output_tokens),
-                big(row.cached_input_tokens),
-                big(row.cache_write_tokens),
-                big(row.reasoning_tokens),
-                big(row.cost_microusd),
-            ])?;
+        self.tx.prepare_cached(ledger_sql::ADD)?.execute(params![
+            row.hour_ms,
+            row.tenant,
+            row.groups_text(),
+            row.model,
+            row.deployment,
+            big(row.calls),
+            big(row.input_tokens),
+            big(row.output_tokens),
+            big(row.cached_input_tokens),
+            big(row.cache_write_tokens),
+            big(row.reasoning_tokens),
+            big(row.cost_microusd),
+        ])?;
         Ok(())
     }
 
@@ -551,15 +549,17 @@ impl Tx for SqliteTx<'_> {
     }
 
     fn put_alert(&mut self, a: &Alert) -> Result<(), StoreError> {
-        self.tx.prepare_cached(ledger_sql::PUT_ALERT)?.execute(params![
-            a.id,
-            a.budget,
-            a.webhook,
-            a.secret_env,
-            a.payload,
-            a.attempts,
-            a.next_ms
-        ])?;
+        self.tx
+            .prepare_cached(ledger_sql::PUT_ALERT)?
+            .execute(params![
+                a.id,
+                a.budget,
+                a.webhook,
+                a.secret_env,
+                a.payload,
+                a.attempts,
+                a.next_ms
+            ])?;
         Ok(())
     }
 
