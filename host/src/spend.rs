@@ -80,7 +80,41 @@ impl SpendRow {
         serde_json::from_str(text).unwrap_or_default()
     }
 
-    fn add(&mut self, other: &SpendRow) {
+    /// The row's figures, to be summed.
+    pub fn sums(&self) -> Sums {
+        Sums {
+            calls: self.calls,
+            input_tokens: self.input_tokens,
+            output_tokens: self.output_tokens,
+            cached_input_tokens: self.cached_input_tokens,
+            cache_write_tokens: self.cache_write_tokens,
+            reasoning_tokens: self.reasoning_tokens,
+            cost_microusd: self.cost_microusd,
+        }
+    }
+}
+
+/// Calls, tokens by class and cost, summed over ledger rows.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Sums {
+    /// Calls finished with usage.
+    pub calls: u64,
+    /// Input tokens.
+    pub input_tokens: u64,
+    /// Output tokens.
+    pub output_tokens: u64,
+    /// Input tokens read from the provider's cache.
+    pub cached_input_tokens: u64,
+    /// Input tokens written to the provider's cache.
+    pub cache_write_tokens: u64,
+    /// Output tokens spent reasoning.
+    pub reasoning_tokens: u64,
+    /// Micro-dollars.
+    pub cost_microusd: u64,
+}
+
+impl Sums {
+    fn add(&mut self, other: Sums) {
         self.calls += other.calls;
         self.input_tokens += other.input_tokens;
         self.output_tokens += other.output_tokens;
@@ -132,26 +166,15 @@ impl GroupBy {
 pub struct SpendLine {
     /// The tenant, group, model or day (`YYYY-MM-DD`) summed.
     pub key: String,
-    /// Calls finished with usage.
-    pub calls: u64,
-    /// Input tokens.
-    pub input_tokens: u64,
-    /// Output tokens.
-    pub output_tokens: u64,
-    /// Input tokens read from the provider's cache.
-    pub cached_input_tokens: u64,
-    /// Input tokens written to the provider's cache.
-    pub cache_write_tokens: u64,
-    /// Output tokens spent reasoning.
-    pub reasoning_tokens: u64,
-    /// Micro-dollars.
-    pub cost_microusd: u64,
+    /// Its figures.
+    #[serde(flatten)]
+    pub sums: Sums,
 }
 
 /// The ledger's rows summed by `by`, in key order. Rows of tenants with no group count in
 /// no group.
 pub fn report(rows: &[SpendRow], by: GroupBy) -> Vec<SpendLine> {
-    let mut sums: BTreeMap<String, SpendRow> = BTreeMap::new();
+    let mut sums: BTreeMap<String, Sums> = BTreeMap::new();
     for row in rows {
         let keys: Vec<String> = match by {
             GroupBy::Tenant => vec![row.tenant.clone()],
@@ -160,20 +183,11 @@ pub fn report(rows: &[SpendRow], by: GroupBy) -> Vec<SpendLine> {
             GroupBy::Day => vec![day(row.hour_ms)],
         };
         for key in keys {
-            sums.entry(key).or_default().add(row);
+            sums.entry(key).or_default().add(row.sums());
         }
     }
     sums.into_iter()
-        .map(|(key, s)| SpendLine {
-            key,
-            calls: s.calls,
-            input_tokens: s.input_tokens,
-            output_tokens: s.output_tokens,
-            cached_input_tokens: s.cached_input_tokens,
-            cache_write_tokens: s.cache_write_tokens,
-            reasoning_tokens: s.reasoning_tokens,
-            cost_microusd: s.cost_microusd,
-        })
+        .map(|(key, sums)| SpendLine { key, sums })
         .collect()
 }
 
@@ -243,30 +257,16 @@ impl SpendQuery {
             }
             v
         };
-        let mut total = SpendRow::default();
+        let mut total = Sums::default();
         for l in lines {
-            total.calls += l.calls;
-            total.input_tokens += l.input_tokens;
-            total.output_tokens += l.output_tokens;
-            total.cached_input_tokens += l.cached_input_tokens;
-            total.cache_write_tokens += l.cache_write_tokens;
-            total.reasoning_tokens += l.reasoning_tokens;
-            total.cost_microusd += l.cost_microusd;
+            total.add(l.sums);
         }
         serde_json::json!({
             "group_by": by,
             "from": rfc3339(self.from_ms),
             "to": rfc3339(self.to_ms),
             "rows": lines.iter().map(line).collect::<Vec<_>>(),
-            "total": {
-                "calls": total.calls,
-                "input_tokens": total.input_tokens,
-                "output_tokens": total.output_tokens,
-                "cached_input_tokens": total.cached_input_tokens,
-                "cache_write_tokens": total.cache_write_tokens,
-                "reasoning_tokens": total.reasoning_tokens,
-                "cost_microusd": total.cost_microusd,
-            },
+            "total": total,
         })
     }
 }
@@ -306,17 +306,17 @@ pub fn csv(lines: &[SpendLine], by: GroupBy) -> String {
         "{},calls,input_tokens,output_tokens,cached_input_tokens,cache_write_tokens,reasoning_tokens,cost_microusd\r\n",
         by.as_str()
     );
-    for l in lines {
+    for SpendLine { key, sums: s } in lines {
         out.push_str(&format!(
             "{},{},{},{},{},{},{},{}\r\n",
-            csv_field(&l.key),
-            l.calls,
-            l.input_tokens,
-            l.output_tokens,
-            l.cached_input_tokens,
-            l.cache_write_tokens,
-            l.reasoning_tokens,
-            l.cost_microusd
+            csv_field(key),
+            s.calls,
+            s.input_tokens,
+            s.output_tokens,
+            s.cached_input_tokens,
+            s.cache_write_tokens,
+            s.reasoning_tokens,
+            s.cost_microusd
         ));
     }
     out
@@ -358,17 +358,17 @@ mod tests {
         assert_eq!(
             by_group
                 .iter()
-                .map(|l| (l.key.as_str(), l.cost_microusd))
+                .map(|l| (l.key.as_str(), l.sums.cost_microusd))
                 .collect::<Vec<_>>(),
             vec![("org", 150), ("team", 150)]
         );
         let by_day = report(&rows, GroupBy::Day);
         assert_eq!(by_day[0].key, "1970-01-01");
-        assert_eq!(by_day[0].calls, 2);
-        assert_eq!(by_day[1].cost_microusd, 7);
+        assert_eq!(by_day[0].sums.calls, 2);
+        assert_eq!(by_day[1].sums.cost_microusd, 7);
         assert_eq!(rows[2].hour_ms, DAY_MS);
         let by_model = report(&rows, GroupBy::Model);
-        assert_eq!(by_model[0].input_tokens, 20);
+        assert_eq!(by_model[0].sums.input_tokens, 20);
         let text = csv(&report(&rows, GroupBy::Tenant), GroupBy::Tenant);
         assert!(text.starts_with("tenant,calls,"), "{text}");
         assert_eq!(text.lines().count(), 4);

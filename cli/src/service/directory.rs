@@ -56,6 +56,19 @@ fn tenant_view(engine: &Engine<AnyStore>, name: &str) -> Option<Value> {
     }))
 }
 
+/// A directory entry's settings as written: a JSON object within the request size bound.
+pub(super) async fn written_object(
+    s: &Shared,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Value, Refusal> {
+    let bytes = read_body(headers, body, s.engine.config().max_request_bytes).await?;
+    match serde_json::from_slice::<Value>(&bytes) {
+        Ok(written) if written.is_object() => Ok(written),
+        _ => Err(refuse(Rejection::InvalidRequest)),
+    }
+}
+
 /// A tenant or group name from the path: UTF-8 of 1 to 255 bytes.
 pub(super) fn tenant_name(name: OpKey) -> Result<String, Refusal> {
     match name.0 {
@@ -98,12 +111,7 @@ pub(super) async fn tenant_put(
 ) -> Result<Response, Refusal> {
     admin(&s, &headers)?;
     let name = tenant_name(name)?;
-    let bytes = read_body(&headers, body, s.engine.config().max_request_bytes).await?;
-    let written: Value =
-        serde_json::from_slice(&bytes).map_err(|_| refuse(Rejection::InvalidRequest))?;
-    if !written.is_object() {
-        return Err(refuse(Rejection::InvalidRequest));
-    }
+    let written = written_object(&s, &headers, body).await?;
     let engine = s.engine.clone();
     let tenant = name.clone();
     let now_ms = s.clock.now_ms();

@@ -2,10 +2,10 @@
 //! above tenants, each with budgets its tenants' calls draw on. Kept in the store with the
 //! rest of the directory, so every replica enforces the same groups.
 
-use super::directory::{blocking, refused, tenant_name};
+use super::directory::{blocking, refused, tenant_name, written_object};
 use super::Shared;
 use crate::http::auth::admin;
-use crate::http::body::{read_body, OpKey};
+use crate::http::body::OpKey;
 use crate::http::refusal::{refuse, Refusal, Rejection};
 use axum::body::Body;
 use axum::extract::State;
@@ -67,12 +67,7 @@ pub(super) async fn group_put(
 ) -> Result<Response, Refusal> {
     admin(&s, &headers)?;
     let name = tenant_name(name)?;
-    let bytes = read_body(&headers, body, s.engine.config().max_request_bytes).await?;
-    let written: Value =
-        serde_json::from_slice(&bytes).map_err(|_| refuse(Rejection::InvalidRequest))?;
-    if !written.is_object() {
-        return Err(refuse(Rejection::InvalidRequest));
-    }
+    let written = written_object(&s, &headers, body).await?;
     let engine = s.engine.clone();
     let group = name.clone();
     let now_ms = s.clock.now_ms();
