@@ -107,16 +107,16 @@ impl From<ConfigError> for DirectoryError {
 
 /// A directory entry the configuration file may own (a key by its SHA-256).
 #[derive(Clone, Copy)]
-enum Entry<'a> {
+pub(super) enum Entry<'a> {
     Tenant(&'a str),
     Group(&'a str),
     Key(&'a str),
 }
 
 /// The tenants and groups as written, as a change sees them.
-struct Directory {
-    tenants: Written,
-    groups: Written,
+pub(super) struct Directory {
+    pub(super) tenants: Written,
+    pub(super) groups: Written,
 }
 
 /// Longest worker name a key may carry.
@@ -179,7 +179,7 @@ fn bump(tx: &mut dyn Tx) -> Result<i64, StoreError> {
 }
 
 /// Entries as written (JSON), by name.
-type Written = BTreeMap<String, serde_json::Value>;
+pub(super) type Written = BTreeMap<String, serde_json::Value>;
 
 /// What the store's directory holds, read in one transaction.
 struct Snapshot {
@@ -459,7 +459,11 @@ impl<S: Store> Engine<S> {
     /// Refuses a change through the admin API to an entry the configuration file owns,
     /// unless `api_may_change_file_entries` allows it (then the next start applies the
     /// file again).
-    fn check_not_file_owned(&self, tx: &mut dyn Tx, entry: Entry) -> Result<(), DirectoryError> {
+    pub(super) fn check_not_file_owned(
+        &self,
+        tx: &mut dyn Tx,
+        entry: Entry,
+    ) -> Result<(), DirectoryError> {
         if self.config().api_may_change_file_entries {
             return Ok(());
         }
@@ -566,53 +570,10 @@ impl<S: Store> Engine<S> {
         Ok(revoked)
     }
 
-    /// Creates (or replaces) a group from its settings as written (`parent`, `budgets`),
-    /// checked like the configuration file's `groups` section. Its balances are kept (capped
-    /// at new limits); a new group's budgets start full.
-    pub fn put_group(
-        &self,
-        name: &str,
-        written: &serde_json::Value,
-        now_ms: i64,
-    ) -> Result<(), DirectoryError> {
-        let change = |d: &mut Directory, tx: &mut dyn Tx| {
-            self.check_not_file_owned(tx, Entry::Group(name))?;
-            d.groups.insert(name.to_string(), written.clone());
-            Ok(())
-        };
-        self.change_directory(change, now_ms)
-    }
-
-    /// Deletes a group; refused while a tenant names it, or a group names it as its parent.
-    pub fn delete_group(&self, name: &str) -> Result<(), DirectoryError> {
-        let config = self.config();
-        let change = |d: &mut Directory, tx: &mut dyn Tx| {
-            if d.groups.remove(name).is_none() {
-                return Err(DirectoryError::NotFound(format!("group {name}")));
-            }
-            self.check_not_file_owned(tx, Entry::Group(name))?;
-            let tenant = config
-                .tenants
-                .iter()
-                .find(|(_, t)| t.group.as_deref() == Some(name))
-                .map(|(t, _)| format!("tenant {t}"));
-            let child = config
-                .groups
-                .iter()
-                .find(|(_, g)| g.parent.as_deref() == Some(name))
-                .map(|(g, _)| format!("group {g}"));
-            if let Some(by) = tenant.or(child) {
-                return Err(DirectoryError::GroupInUse(name.to_string(), by));
-            }
-            Ok(())
-        };
-        self.change_directory(change, 0)
-    }
-
     /// Applies `change` to the store's directory, checks the result as a configuration,
     /// writes it and takes it up here; on any error nothing changed. A changed tenant's
     /// balances are brought to `now_ms` under its old limits and capped by its new ones.
-    fn change_directory(
+    pub(super) fn change_directory(
         &self,
         change: impl FnOnce(&mut Directory, &mut dyn Tx) -> Result<(), DirectoryError>,
         now_ms: i64,

@@ -13,6 +13,7 @@ mod completion;
 mod deployments;
 mod directory;
 mod dispatch;
+mod groups;
 mod housekeeping;
 mod shadow;
 mod stored_policy;
