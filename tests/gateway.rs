@@ -76,3 +76,8 @@ fn the_anthropic_sdk_through_the_gateway() {
 fn groups_period_budgets_and_the_spend_ledger_through_the_gateway() {
     suite("test_billing.py", 4);
 }
+
+#[test]
+fn traces_reach_an_otlp_receiver_built_on_the_official_protocol_package() {
+    suite("test_traces.py", 4);
+}

@@ -5,10 +5,12 @@
 //! - [`service`]: `tollgate serve`'s own API, and [`gateway`]: the OpenAI-compatible
 //!   gateway, siblings above the floor;
 //! - [`server`]: builds the engine and the writer, composes the two faces and serves;
-//! - [`runtime`]: the policy runtime as the command line makes it.
+//! - [`runtime`]: the policy runtime as the command line makes it;
+//! - [`telemetry`]: traces (OpenTelemetry over OTLP/HTTP) and JSON log lines.
 
 pub mod gateway;
 pub mod http;
 pub mod runtime;
 pub mod server;
 pub mod service;
+pub mod telemetry;

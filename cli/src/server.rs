@@ -147,6 +147,38 @@ pub fn router(built: &Built) -> Router {
             count_responses,
         ))
         .layer(axum::middleware::from_fn(crate::http::linger::linger))
+        .layer(axum::middleware::from_fn(traced))
+}
+
+/// Each request inside its server span (a disabled one when nothing is exported), which
+/// records the status it was answered with.
+async fn traced(req: Request, next: axum::middleware::Next) -> Response {
+    use tracing::Instrument;
+    let route = req
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map(|p| p.as_str().to_string());
+    let span = crate::telemetry::server_span(
+        req.method(),
+        req.uri().path(),
+        route.as_deref(),
+        req.headers(),
+    );
+    if span.is_disabled() {
+        return next.run(req).await;
+    }
+    let response = next.run(req).instrument(span.clone()).await;
+    let status = response.status();
+    crate::telemetry::number(
+        &span,
+        "http.response.status_code",
+        u64::from(status.as_u16()),
+    );
+    if status.is_server_error() {
+        use tracing_opentelemetry::OpenTelemetrySpanExt;
+        span.set_status(opentelemetry::trace::Status::error(status.to_string()));
+    }
+    response
 }
 
 async fn count_responses(

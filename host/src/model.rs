@@ -116,6 +116,11 @@ pub struct Request {
     /// deployments can (the caller's `x-tollgate-fallback: none` says no).
     #[serde(default = "yes", skip_serializing_if = "is_true")]
     pub fallback: bool,
+    /// The W3C `traceparent` of the trace the admission is part of, kept with a durable job
+    /// so that its dispatch continues that trace. Set by the service from its own span,
+    /// never read from a caller's body.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_context: Option<String>,
 }
 
 fn yes() -> bool {
@@ -394,6 +399,9 @@ pub struct Operation {
     /// The model the caller named, when a fallback model (in `model`) serves the call.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub asked_model: Option<String>,
+    /// A durable job's `traceparent` from its admission (see [`Request::trace_context`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_context: Option<String>,
 }
 
 fn is_zero(n: &u64) -> bool {

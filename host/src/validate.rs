@@ -159,6 +159,7 @@ pub fn parse(raw: &Value, config: &Config) -> Result<Request, RequestError> {
         priority,
         labels,
         fallback,
+        trace_context: None,
     };
     check(&request, config)?;
     Ok(request)
@@ -336,6 +337,7 @@ impl RequestBuilder {
                 priority: Priority::Standard,
                 labels: BTreeMap::new(),
                 fallback: true,
+                trace_context: None,
             },
             missing: vec!["input_tokens", "max_output_tokens", "deadline_ms"],
         }

@@ -18,19 +18,21 @@ def free_port():
 
 
 class Serving:
-    """A running `tollgate serve` (TOLLGATE_BIN) of `config`; `env` adds to the environment."""
+    """A running `tollgate serve` (TOLLGATE_BIN) of `config`; `env` adds to the environment,
+    `args` to the command line."""
 
-    def __init__(self, config, env=None):
+    def __init__(self, config, env=None, args=()):
         self.dir = tempfile.TemporaryDirectory()
         path = os.path.join(self.dir.name, "config.json")
         with open(path, "w") as f:
             json.dump(config, f)
         port = free_port()
         self.base = f"http://127.0.0.1:{port}"
-        self.log = open(os.path.join(self.dir.name, "serve.log"), "w")
+        self.log_path = os.path.join(self.dir.name, "serve.log")
+        self.log = open(self.log_path, "w")
         self.process = subprocess.Popen(
             [os.environ["TOLLGATE_BIN"], "serve", "--config", path,
-             "--db", os.path.join(self.dir.name, "state.db"), "--listen", f"127.0.0.1:{port}"],
+             "--db", os.path.join(self.dir.name, "state.db"), "--listen", f"127.0.0.1:{port}", *args],
             env=dict(os.environ, **(env or {})), stdout=subprocess.DEVNULL, stderr=self.log)
         for _ in range(300):
             try:

@@ -98,6 +98,7 @@ class Handler(BaseHTTPRequestHandler):
         with self.lock:
             self.calls.append({"path": self.path,
                                "authorization": self.headers.get("authorization"),
+                               "traceparent": self.headers.get("traceparent"),
                                "body": body})
             self.answer_id = f"chatcmpl-{len(self.calls)}"
             self.number = len(self.calls)

@@ -15,7 +15,11 @@ pub struct ServeArgs {
     /// SQLite database file (created if missing), or a `postgres://` URL for a store shared by replicas.
     #[arg(long, default_value = "tollgate.db")]
     db: String,
-    /// Log as JSON lines instead of text.
+    /// Log lines as `text` or `json` (one object per line, with `trace_id` and `span_id`
+    /// inside a traced request).
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+    /// The same as `--log-format json`.
     #[arg(long)]
     json_logs: bool,
     /// Watch this policy file (or the newest `.wasm` in this folder) and activate it when it changes.
@@ -30,17 +34,29 @@ pub struct ServeArgs {
     metrics_listen: Option<String>,
 }
 
+/// How log lines are written.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
 pub fn run(args: ServeArgs) -> Result<ExitCode, String> {
     let ServeArgs {
         config,
         listen,
         db,
+        log_format,
         json_logs,
         watch_policy,
         verify_with,
         metrics_listen,
     } = args;
     use std::io::IsTerminal;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Layer;
+    let config = ConfigFile::load(&config).map_err(|e| e.to_string())?;
     let filter =
         tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
     // Requests hand their log lines to a writer thread (flushed when `_flush` drops at exit);
@@ -49,16 +65,32 @@ pub fn run(args: ServeArgs) -> Result<ExitCode, String> {
     // that were waiting together into one write instead of a system call per line.
     let stderr = std::io::BufWriter::with_capacity(64 << 10, std::io::stderr());
     let (log, _flush) = tracing_appender::non_blocking(stderr);
-    let logs = tracing_subscriber::fmt()
-        .with_writer(log)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_env_filter(filter);
-    if json_logs {
-        logs.json().init();
+    // Log lines never see the spans meant for traces (their own layer takes those).
+    let not_traces =
+        tracing_subscriber::filter::filter_fn(|m| m.target() != tollgate_cli::telemetry::TARGET);
+    let lines = tracing_subscriber::fmt::layer().with_writer(log);
+    let lines = if log_format == LogFormat::Json || json_logs {
+        lines
+            .event_format(tollgate_cli::telemetry::logs::JsonLines)
+            .with_filter(filter)
+            .with_filter(not_traces)
+            .boxed()
     } else {
-        logs.init();
+        lines
+            .with_ansi(std::io::stderr().is_terminal())
+            .with_filter(filter)
+            .with_filter(not_traces)
+            .boxed()
+    };
+    let registry = tracing_subscriber::registry().with(lines);
+    let (_telemetry, traces) = match tollgate_cli::telemetry::start(&config.telemetry)? {
+        Some((telemetry, layer)) => (Some(telemetry), Some(layer)),
+        None => (None, None),
+    };
+    registry.with(traces).init();
+    if let Some(t) = &_telemetry {
+        tracing::info!(endpoint = %t.endpoint, "exporting traces");
     }
-    let config = ConfigFile::load(&config).map_err(|e| e.to_string())?;
     let store = AnyStore::open(&db).map_err(|e| format!("{db}: {e}"))?;
     let (state, writer) = tollgate_cli::server::build_with(config, store, verify_with)?;
     let watcher = watch_policy.map(|path| {

@@ -22,6 +22,7 @@ use tollgate::config::UpstreamKind;
 use tollgate::engine::{Decision, TenantLevels};
 use tollgate::model::CallResult;
 use tollgate::reason::{Outcome, Reason};
+use tracing::Instrument;
 
 /// Runs the call to its end and answers the caller.
 pub async fn run(s: Shared, call: GatewayCall) -> Response {
@@ -64,11 +65,25 @@ pub async fn run(s: Shared, call: GatewayCall) -> Response {
             model: decision.served_model.clone(),
             attempts,
         };
-        let request = upstream_request(target, &call, &decision);
+        let mut request = upstream_request(target, &call, &decision);
+        let span = crate::telemetry::upstream(
+            call.dialect.operation(),
+            match target.0.kind {
+                UpstreamKind::Openai => "openai",
+                UpstreamKind::Anthropic => "anthropic",
+            },
+            decision.served_model.as_deref().unwrap_or(&call.model),
+            &sent.deployment,
+        );
+        crate::telemetry::inject(&span, request.headers_mut());
         let deadline = deadline_instant(&s, call.deadline_ms);
         let started = Instant::now();
-        match upstream::send(&g.client, request, deadline).await {
+        let answered = upstream::send(&g.client, request, deadline)
+            .instrument(span.clone())
+            .await;
+        match answered {
             Sent::Answer(response) if call.stream => {
+                crate::telemetry::upstream_answered(&span, response.status().as_u16(), None);
                 return stream(
                     s.clone(),
                     call,
@@ -100,6 +115,8 @@ pub async fn run(s: Shared, call: GatewayCall) -> Response {
                 let usage = serde_json::from_slice::<Value>(&body)
                     .ok()
                     .and_then(|v| call.dialect.usage_of(&v));
+                crate::telemetry::upstream_answered(&span, 200, usage.as_ref());
+                drop(span);
                 let mut response = Response::new(Body::from(body.clone()));
                 response.headers_mut().insert(
                     header::CONTENT_TYPE,
@@ -127,6 +144,8 @@ pub async fn run(s: Shared, call: GatewayCall) -> Response {
                 limits,
             } => {
                 observe(&s.metrics.gateway_upstream_seconds, &call, started);
+                crate::telemetry::upstream_answered(&span, status.as_u16(), None);
+                drop(span);
                 tracing::info!(tenant = %call.tenant, key = %call.key, attempt, kind = refusal.kind, status = status.as_u16(), "upstream refused");
                 let ending = Ending {
                     failure: Some(refusal.kind),
@@ -161,12 +180,15 @@ async fn admit(
     s: &AppState,
     call: &GatewayCall,
 ) -> Result<(Decision, Option<TenantLevels>), openai::ApiError> {
+    let span = crate::telemetry::admission(&call.request);
     let admitted = s
         .writer
         .admit_with_levels(call.request.clone(), s.clock.now_ms())
+        .instrument(span.clone())
         .await;
     match admitted {
         Ok((d, levels)) => {
+            crate::telemetry::decided(&span, &d);
             let reason = d.reason.map_or("", |r| r.as_str());
             s.metrics
                 .decisions

@@ -14,6 +14,7 @@ use std::time::Duration;
 use tollgate::engine::{Completion, CompletionAnswer, ProviderLimits, SavedAnswer};
 use tollgate::model::{CallResult, RetryVerdict, Usage};
 use tollgate::writer::Failure;
+use tracing::Instrument;
 
 /// The first wait before a kept completion is offered again; it doubles up to [`MAX_WAIT`].
 const FIRST_WAIT: Duration = Duration::from_millis(100);
@@ -85,7 +86,10 @@ pub async fn finish(
         attempt: Some(attempt),
         ..Completion::succeeded(&call.tenant, &call.key)
     };
-    match submit(s, completion.clone()).await {
+    let span =
+        crate::telemetry::completion(&call.span, completion.result, completion.usage.as_ref());
+    let submitted = submit(s, completion.clone()).instrument(span).await;
+    match submitted {
         Ok(a) => {
             if !a.ok {
                 tracing::warn!(tenant = %call.tenant, key = %call.key, attempt, error = ?a.error, "completion not applied");

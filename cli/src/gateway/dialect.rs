@@ -62,6 +62,15 @@ impl Dialect {
         }
     }
 
+    /// Its operation as GenAI's conventions name it (`gen_ai.operation.name`).
+    pub fn operation(self) -> &'static str {
+        match self {
+            Dialect::Chat | Dialect::Messages => "chat",
+            Dialect::Responses => "generate_content",
+            Dialect::Embeddings => "embeddings",
+        }
+    }
+
     /// The kind of upstream that serves it.
     pub fn kind(self) -> UpstreamKind {
         match self {

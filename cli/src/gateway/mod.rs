@@ -239,6 +239,9 @@ pub(crate) struct GatewayCall {
     /// Whether the answer is kept for a repeat (the caller gave an `Idempotency-Key` and
     /// replay is on).
     replay: Option<replay::Replay>,
+    /// The request's span (disabled when nothing is exported): a stream keeps it open to
+    /// its end, and the completion is its child.
+    span: tracing::Span,
 }
 
 async fn chat_completions(State(s): State<Shared>, headers: HeaderMap, body: Body) -> Response {
@@ -278,7 +281,14 @@ async fn serve(s: Shared, headers: HeaderMap, body: Body, dialect: Dialect) -> R
         }
     };
     // The call goes on if the caller goes away: its outcome must be learnt and recorded.
-    match tokio::spawn(call::run(s.clone(), call)).await {
+    // The call runs in a task of its own, inside the request's span.
+    let span = call.span.clone();
+    match tokio::spawn(tracing::Instrument::instrument(
+        call::run(s.clone(), call),
+        span,
+    ))
+    .await
+    {
         Ok(response) => response,
         Err(_) => openai::error(500, "internal", "the call's task failed"),
     }
@@ -400,6 +410,7 @@ async fn read_call(
         upstream_headers: anthropic::upstream_headers(dialect, headers),
         request,
         replay,
+        span: tracing::Span::current(),
     })
 }
 

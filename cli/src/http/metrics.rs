@@ -22,6 +22,8 @@ pub struct Metrics {
     pub period_spent: GaugeVec,
     pub slots: GaugeVec,
     pub queues: GaugeVec,
+    /// How long each tenant's oldest queued job has waited.
+    pub queue_age: GaugeVec,
     /// Each deployment's state: 0 healthy, 1 paused, 2 ejected, 3 probing.
     pub deployment_state: GaugeVec,
     /// Each deployment's concurrency limit now (configured or learned), where it has one.
@@ -101,6 +103,11 @@ impl Metrics {
         let queues = gauges(
             "tollgate_queue_depth",
             "Queued jobs per tenant",
+            &["tenant"],
+        );
+        let queue_age = gauges(
+            "tollgate_queue_oldest_age_seconds",
+            "How long each tenant's oldest queued job has waited (0 when none waits)",
             &["tenant"],
         );
         let deployment_state = gauges(
@@ -223,12 +230,14 @@ impl Metrics {
             Box::new(period_spent.clone()),
             Box::new(slots.clone()),
             Box::new(queues.clone()),
+            Box::new(queue_age.clone()),
             Box::new(deployment_state.clone()),
             Box::new(deployment_limit.clone()),
             Box::new(policy_calls.clone()),
             Box::new(batch_jobs.clone()),
             Box::new(batch_seconds.clone()),
             Box::new(wal_restart_seconds.clone()),
+            Box::new(crate::telemetry::SPANS.clone()),
         ] {
             registry.register(c).unwrap();
         }
@@ -242,6 +251,7 @@ impl Metrics {
             period_spent,
             slots,
             queues,
+            queue_age,
             deployment_state,
             deployment_limit,
             policy_calls,
@@ -339,6 +349,10 @@ impl tollgate::writer::WriterObserver for Metrics {
         self.store_write_failures
             .with_label_values(&[trouble.kind])
             .inc();
+    }
+
+    fn traced(&self, span: &tracing::Span, stamps: &tollgate::writer::Stamps) {
+        crate::telemetry::writer_spans(span, stamps);
     }
 
     /// One log line per change of the store's state, never one per request.

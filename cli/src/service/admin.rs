@@ -348,6 +348,12 @@ pub(super) async fn refresh_levels(s: &AppState) -> Result<(), Refusal> {
                 .with_label_values(&[tenant.as_str()])
                 .set(f64::from(*n));
         }
+        for (tenant, ms) in &i.queue_age_ms {
+            s.metrics
+                .queue_age
+                .with_label_values(&[tenant.as_str()])
+                .set(*ms as f64 / 1000.0);
+        }
         for d in i.deployments.values() {
             let labels = [d.model.as_str(), d.deployment.as_str()];
             s.metrics

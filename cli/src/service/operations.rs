@@ -20,6 +20,7 @@ use tollgate::model::{CallResult, Resolution, Usage};
 use tollgate::reason::Reason;
 use tollgate::validate;
 use tollgate::writer::Failure;
+use tracing::Instrument;
 
 /// The writer's failure as the service's answer: 503 with a retry-after while the store is
 /// away, 500 otherwise.
@@ -54,7 +55,7 @@ pub(super) async fn admit(
         Some(Value::String(t)) if *t == tenant => {}
         Some(_) => return Err(refuse(Rejection::Forbidden)),
     }
-    let request = match validate::parse(&Value::Object(obj), &s.engine.config()) {
+    let mut request = match validate::parse(&Value::Object(obj), &s.engine.config()) {
         Ok(r) => r,
         Err(e) => {
             s.metrics
@@ -64,11 +65,15 @@ pub(super) async fn admit(
             return Err(refuse_for_request(&e));
         }
     };
+    let span = crate::telemetry::admission(&request);
+    crate::telemetry::durable_context(&mut request, &span);
     let d = s
         .writer
         .admit(request, s.clock.now_ms())
+        .instrument(span.clone())
         .await
         .map_err(store_refusal)?;
+    crate::telemetry::decided(&span, &d);
     let reason = d.reason.map_or("", Reason::as_str);
     s.metrics
         .decisions

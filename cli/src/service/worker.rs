@@ -35,7 +35,12 @@ pub(super) async fn dispatch(
         return Err(refuse(Rejection::Forbidden));
     }
     let count = b.count.min(1000);
-    let a = s.writer.dispatch(name, count, s.clock.now_ms()).await;
+    let started = std::time::SystemTime::now();
+    let a = s
+        .writer
+        .dispatch(name.clone(), count, s.clock.now_ms())
+        .await;
     let a = a.map_err(store_refusal)?;
+    crate::telemetry::dispatched(&a.claimed, &name, started);
     Ok(axum::Json(json!(a)).into_response())
 }

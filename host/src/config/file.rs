@@ -102,6 +102,8 @@ pub struct ConfigFile {
     /// such a worker by its key, so claims recorded then are renamed when the store's
     /// directory is seeded (a key is never kept in clear).
     pub worker_renames: Vec<(String, String)>,
+    /// Where traces go, and what share of them (`telemetry`).
+    pub telemetry: super::TelemetryConfig,
 }
 
 /// The name of a worker given as a bare key: derived from the key's hash, so that the key
@@ -172,6 +174,10 @@ impl ConfigFile {
             take_connections(&mut obj, "max_connections", DEFAULT_MAX_CONNECTIONS)?;
         let max_connections_per_address =
             take_connections(&mut obj, "max_connections_per_address", max_connections)?;
+        let telemetry = match obj.remove("telemetry") {
+            Some(t) => super::TelemetryConfig::from_json(t)?,
+            None => super::TelemetryConfig::default(),
+        };
         let gateway = match obj.remove("gateway") {
             Some(g) => Some(super::GatewayConfig::from_json(g)?),
             None => None,
@@ -246,6 +252,7 @@ impl ConfigFile {
             max_connections_per_address,
             gateway,
             worker_renames,
+            telemetry,
         })
     }
 }

@@ -9,6 +9,7 @@ mod file;
 mod gateway;
 mod groups;
 mod price;
+mod telemetry;
 pub use budget::{BucketConfig, DEFAULT_TIMEZONE};
 pub use file::{bare_worker_name, ConfigFile, ConfigFileError, Role, DEFAULT_MAX_CONNECTIONS};
 pub use gateway::{
@@ -17,6 +18,7 @@ pub use gateway::{
 };
 pub use groups::{GroupConfig, MAX_GROUP_DEPTH};
 pub use price::Price;
+pub use telemetry::TelemetryConfig;
 
 use budget::BucketOverlay;
 

@@ -398,6 +398,10 @@ impl<S: Store> Engine<S> {
             holds_deployment_slot: deployment.is_some(),
             deployment,
             asked_model: served_model.and(req.model.clone()),
+            trace_context: match req.route {
+                Route::Durable => req.trace_context.clone(),
+                Route::Interactive => None,
+            },
         };
         if req.route == Route::Durable {
             tx.enqueue(&QueuedJob {
@@ -440,7 +444,9 @@ impl<S: Store> Engine<S> {
             d.policy = Some(digest.clone());
             d
         };
-        let (plan, words) = match policy.admit_explained(view, guest_req) {
+        let (plan, words) = match super::clock::policy_call(|| {
+            policy.admit_explained(view, guest_req)
+        }) {
             Err(_fault) => {
                 return Ok(Err(with_policy(Decision::rejected(
                     Reason::PolicyError,
@@ -750,6 +756,7 @@ mod tests {
             priority: crate::model::Priority::Standard,
             labels: Default::default(),
             fallback: true,
+            trace_context: None,
         }
     }
 

@@ -8,8 +8,10 @@
 use super::budgets::Budgets;
 use super::{Completion, Reconciliation, DOWNSTREAM};
 use super::{CompletionAnswer, Decision, DispatchAnswer, Engine, Inspection, OperationView};
+use crate::config::Config;
 use crate::model::Request;
-use crate::store::{Prefetch, Store, StoreError};
+use crate::runtime::Decider;
+use crate::store::{Prefetch, Store, StoreError, Tx};
 
 /// One unit of engine work.
 #[derive(Clone, Debug)]
@@ -412,7 +414,7 @@ impl<S: Store> Engine<S> {
         &self,
         jobs: &[Job],
     ) -> Result<Vec<Result<Answer, StoreError>>, StoreError> {
-        self.run_batch_with(jobs, false)
+        self.run_batch_with(jobs, false, None)
     }
 
     /// As [`Engine::run_batch`], at the shared store's clock when it has one (read inside
@@ -423,20 +425,51 @@ impl<S: Store> Engine<S> {
         &self,
         jobs: &[Job],
     ) -> Result<Vec<Result<Answer, StoreError>>, StoreError> {
-        self.run_batch_with(jobs, true)
+        self.run_batch_with(jobs, true, None)
+    }
+
+    /// As [`Engine::run_batch_at_store_time`], noting when each job began and was decided
+    /// and when it called the policy (for traces); `times` gets one entry per job.
+    pub(crate) fn run_batch_timed(
+        &self,
+        jobs: &[Job],
+        times: &mut Vec<Option<super::JobTimes>>,
+    ) -> Result<Vec<Result<Answer, StoreError>>, StoreError> {
+        let mut taking = super::clock::Taking::new(jobs.len());
+        let answers = self.run_batch_with(jobs, true, Some(&mut taking));
+        *times = taking.into_times();
+        answers
     }
 
     fn run_batch_with(
         &self,
         jobs: &[Job],
         store_time: bool,
+        mut taking: Option<&mut super::clock::Taking>,
     ) -> Result<Vec<Result<Answer, StoreError>>, StoreError> {
         let policy = self.active_policy();
         let hint = self.prefetch_hint(jobs);
         let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
         // Read under the store's lock: the whole transaction sees one configuration.
         let config = self.config();
-        store.transaction_batch(jobs.len(), &hint, |i, tx| {
+        store.transaction_batch(jobs.len(), &hint, |i, tx| match taking.as_deref_mut() {
+            Some(taking) => taking.job(i, || {
+                self.run_job(&jobs[i], tx, &policy, &config, store_time)
+            }),
+            None => self.run_job(&jobs[i], tx, &policy, &config, store_time),
+        })
+    }
+
+    /// One job of a batch, in its transaction.
+    fn run_job(
+        &self,
+        job: &Job,
+        tx: &mut dyn Tx,
+        policy: &std::sync::Arc<dyn Decider>,
+        config: &Config,
+        store_time: bool,
+    ) -> Result<Answer, StoreError> {
+        {
             // A shared store's clock, read inside the transaction, is every replica's.
             let store_now = if store_time { tx.store_now_ms()? } else { None };
             let at = |now_ms: &i64| store_now.unwrap_or(*now_ms);
@@ -446,7 +479,7 @@ impl<S: Store> Engine<S> {
                     .err()
                     .map(|e| Decision::rejected(e.reason(), None))
             };
-            Ok(match &jobs[i] {
+            Ok(match job {
                 Job::Admit { request, now_ms } => Answer::Decision(match unchecked(request) {
                     Some(refused) => refused,
                     None => self.admit_in(tx, policy.as_ref(), request, at(now_ms))?,
@@ -499,6 +532,6 @@ impl<S: Store> Engine<S> {
                     Answer::Inspection(Box::new(self.inspect_in(tx, at(now_ms), None)?))
                 }
             })
-        })
+        }
     }
 }

@@ -44,6 +44,10 @@ pub struct Claim {
     pub max_output_tokens: u64,
     /// The attempt this claim is, from 1.
     pub attempt: u32,
+    /// The W3C `traceparent` of the job's admission, when it was traced: a worker may send
+    /// it on to continue the trace.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
 }
 
 /// The answer to one dispatch.
@@ -429,6 +433,7 @@ impl<S: Store> Engine<S> {
             reserved_tokens: op.reserved_tokens,
             max_output_tokens: op.max_output_tokens,
             attempt: op.attempt,
+            traceparent: op.trace_context.clone(),
         }))
     }
 }

@@ -9,6 +9,7 @@ mod admission;
 mod batch;
 mod budgets;
 mod builder;
+mod clock;
 mod completion;
 mod deployments;
 mod directory;
@@ -23,6 +24,7 @@ pub use admission::Decision;
 pub(crate) use batch::{Answer, Job};
 pub use batch::{Answers, Batch, Ticket};
 pub use builder::{EngineBuilder, StartError, Started};
+pub use clock::JobTimes;
 pub use completion::{Completion, CompletionAnswer, CompletionError, Reconciliation, SavedAnswer};
 pub use deployments::{Health, HealthState, ProviderLimits};
 pub use directory::{DirectoryApplied, DirectoryError, KeyInfo};
@@ -136,6 +138,10 @@ pub struct Inspection {
     pub slots: BTreeMap<String, u32>,
     /// Tenant to queued durable jobs, retries waiting included.
     pub queues: BTreeMap<String, u32>,
+    /// Tenant to how long its oldest queued job has waited, in milliseconds (0 when none
+    /// waits): the head of each dispatch band, measured from when it entered the queue.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub queue_age_ms: BTreeMap<String, i64>,
     /// The operations of the page asked for, by tenant and key (none for levels only).
     pub operations: Vec<OperationView>,
     /// The cursor of the next page of operations, when there may be more.
@@ -346,6 +352,7 @@ impl<S: Store> Engine<S> {
         };
         let mut slots = BTreeMap::new();
         let mut queues = BTreeMap::new();
+        let mut queue_age_ms = BTreeMap::new();
         record(tx, &Budgets::global_requests(&self.config()))?;
         slots.insert(
             names::GLOBAL_SLOTS.to_string(),
@@ -372,7 +379,9 @@ impl<S: Store> Engine<S> {
                 let scope = names::tenant_slots(name);
                 slots.insert(scope.clone(), tx.slots_in_use(&scope)?);
             }
-            queues.insert(name.clone(), tx.queue_depth(name)?);
+            let depth = tx.queue_depth(name)?;
+            queues.insert(name.clone(), depth);
+            queue_age_ms.insert(name.clone(), oldest_wait_ms(tx, name, depth, now_ms)?);
         }
         for b in Budgets::of_groups(&self.config()) {
             record(tx, &b)?;
@@ -408,6 +417,7 @@ impl<S: Store> Engine<S> {
             period_limits,
             slots,
             queues,
+            queue_age_ms,
             operations,
             next,
             downstream_available,
@@ -577,4 +587,30 @@ fn job_ref(tenant: &str, key: &str) -> JobRef {
         tenant: tenant.to_string(),
         key: key.to_string(),
     }
+}
+
+/// How long the oldest of `tenant`'s `depth` queued jobs has waited at `now_ms`: the
+/// longest of its bands' heads, from when each entered the queue (0 for an empty queue).
+fn oldest_wait_ms(
+    tx: &mut dyn Tx,
+    tenant: &str,
+    depth: u32,
+    now_ms: i64,
+) -> Result<i64, StoreError> {
+    let mut oldest = 0;
+    if depth == 0 {
+        return Ok(oldest);
+    }
+    for band in crate::model::Priority::BANDS {
+        let Some(head) = tx.ready_head(tenant, band, i64::MAX)? else {
+            continue;
+        };
+        let since = tx
+            .operation(tenant, &head.key)?
+            .and_then(|op| op.state_since_ms);
+        if let Some(since) = since {
+            oldest = oldest.max(now_ms.saturating_sub(since));
+        }
+    }
+    Ok(oldest)
 }

@@ -327,6 +327,7 @@ impl<'a, S: Store> Sim<'a, S> {
             priority: a.priority,
             labels: BTreeMap::new(),
             fallback: true,
+            trace_context: None,
         };
         let decision = self.pending.admit(request, now);
         self.thens.push(Then::Admitted(op, decision));

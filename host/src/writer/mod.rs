@@ -17,7 +17,7 @@ pub use health::{StoreHealth, Trouble};
 
 use crate::engine::{
     Answer, Completion, CompletionAnswer, Decision, DispatchAnswer, Engine, Inspection, Job,
-    OperationView, OperationsPage, Page, Reconciliation, Sweep, TenantLevels,
+    JobTimes, OperationView, OperationsPage, Page, Reconciliation, Sweep, TenantLevels,
 };
 use crate::maintenance::{self, Maintenance};
 use crate::model::{OpState, Request};
@@ -25,7 +25,7 @@ use crate::store::{Store, StoreError};
 use intake::Intake;
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::runtime::Handle;
 use tokio::sync::oneshot;
 
@@ -92,6 +92,28 @@ pub trait WriterObserver: Send + Sync + 'static {
     fn store_state(&self, trouble: Option<&Trouble>) {
         let _ = trouble;
     }
+
+    /// A job submitted inside an enabled `tracing` span was answered: its times in the
+    /// writer, for the span's trace. Called on the submitter's runtime, not the writer's
+    /// thread.
+    fn traced(&self, span: &tracing::Span, stamps: &Stamps) {
+        let _ = (span, stamps);
+    }
+}
+
+/// One traced job's way through the writer.
+#[derive(Clone, Copy, Debug)]
+pub struct Stamps {
+    /// When it was submitted.
+    pub queued: Instant,
+    /// When its batch began.
+    pub batch_started: Instant,
+    /// Its own turn in the batch (`None` when the batch failed as a whole).
+    pub job: Option<JobTimes>,
+    /// When its batch committed (or failed).
+    pub batch_ended: Instant,
+    /// How many jobs the batch held.
+    pub batch_jobs: usize,
 }
 
 /// Observes nothing.
@@ -103,6 +125,8 @@ impl WriterObserver for NoObserver {}
 struct Reply {
     to: oneshot::Sender<Result<Answer, Failure>>,
     runtime: Option<Handle>,
+    /// The submitter's span and when it submitted, when that span is enabled (traced).
+    traced: Option<(tracing::Span, Instant)>,
 }
 
 /// The handle callers submit work through; clone it freely. The writer finishes (and
@@ -187,9 +211,15 @@ impl Writer {
                     // Replicas on a shared store all use its clock, read in the batch's
                     // transaction, so that skewed machine clocks cannot mint credits.
                     let (jobs, replies): (Vec<Job>, Vec<Reply>) = batch.into_iter().unzip();
-                    let started = std::time::Instant::now();
-                    let result = engine.run_batch_at_store_time(&jobs);
-                    observer.batch(jobs.len(), started.elapsed());
+                    let started = Instant::now();
+                    let mut times = Vec::new();
+                    let result = if replies.iter().any(|r| r.traced.is_some()) {
+                        engine.run_batch_timed(&jobs, &mut times)
+                    } else {
+                        engine.run_batch_at_store_time(&jobs)
+                    };
+                    let ended = Instant::now();
+                    observer.batch(jobs.len(), ended - started);
                     // Whether the store wrote: a batch that failed for its absence, or
                     // one of whose jobs did, says it cannot; one that committed, that it can.
                     let trouble = match &result {
@@ -212,7 +242,12 @@ impl Writer {
                             .collect(),
                         Err(e) => replies.iter().map(|_| Err(Failure::of(&e))).collect(),
                     };
-                    deliver(replies, answers);
+                    let batch = BatchTimes {
+                        started,
+                        ended,
+                        jobs: times,
+                    };
+                    deliver(replies, answers, &batch, &observer);
                 }
             })
             .expect("spawn the writer thread");
@@ -233,9 +268,11 @@ impl Writer {
     /// Submits one job and waits for its committed answer.
     async fn submit(&self, job: Job) -> Result<Answer, Failure> {
         let (to, answer) = oneshot::channel();
+        let span = tracing::Span::current();
         let reply = Reply {
             to,
             runtime: Handle::try_current().ok(),
+            traced: (!span.is_disabled()).then(|| (span, Instant::now())),
         };
         let lane = job.tenant().map(str::to_string);
         self.intake
@@ -399,14 +436,49 @@ impl Writer {
     }
 }
 
+/// When a batch ran, and each of its jobs when it was timed.
+struct BatchTimes {
+    started: Instant,
+    ended: Instant,
+    jobs: Vec<Option<JobTimes>>,
+}
+
 /// Answers a committed batch. Waking a waiting request from outside the runtime costs a
 /// system call whenever a worker sleeps, which is most of the time while the writer is the
 /// busy one; so the batch's answers go to the runtime as one task, which wakes the
 /// requests from inside (one wake-up per batch instead of one per request).
-fn deliver(replies: Vec<Reply>, answers: Vec<Result<Answer, Failure>>) {
+fn deliver(
+    replies: Vec<Reply>,
+    answers: Vec<Result<Answer, Failure>>,
+    batch: &BatchTimes,
+    observer: &Arc<dyn WriterObserver>,
+) {
     // The newest submitter's runtime is the one most surely still running.
     let runtime = replies.iter().rev().find_map(|r| r.runtime.clone());
+    // Traced jobs' times, told to the observer with the answers (off this thread).
+    let jobs = replies.len();
+    let traced: Vec<(tracing::Span, Stamps)> = replies
+        .iter()
+        .enumerate()
+        .filter_map(|(i, r)| {
+            let (span, queued) = r.traced.clone()?;
+            let stamps = Stamps {
+                queued,
+                batch_started: batch.started,
+                job: batch.jobs.get(i).copied().flatten(),
+                batch_ended: batch.ended,
+                batch_jobs: jobs,
+            };
+            Some((span, stamps))
+        })
+        .collect();
+    let observer = (!traced.is_empty()).then(|| observer.clone());
     let send_all = move || {
+        if let Some(observer) = observer {
+            for (span, stamps) in &traced {
+                observer.traced(span, stamps);
+            }
+        }
         for (reply, answer) in replies.into_iter().zip(answers) {
             let _ = reply.to.send(answer);
         }
