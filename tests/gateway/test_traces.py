@@ -269,10 +269,36 @@ class Traces(unittest.TestCase):
         finally:
             s.stop()
 
-    def post_to(self, base, path, body, key):
+    def test_with_no_endpoint_no_span_is_built_or_sent(self):
+        config = {"auth": {"callers": {"quiet-key": "a"}}, "tenants": {"a": {}}}
+        s = serving.Serving(config, args=["--json-logs"])
+        try:
+            for i in range(3):
+                status, _ = self.post_to(s.base, "/v1/admit",
+                                         {"key": f"q{i}", "route": "durable", "input_tokens": 1,
+                                          "max_output_tokens": 1,
+                                          "deadline_ms": int(time.time() * 1000) + 60_000},
+                                         "quiet-key", {"traceparent": traceparent(9)})
+                self.assertEqual(status, 202)
+            with urllib.request.urlopen(s.base + "/metrics") as r:
+                text = r.read().decode()
+            counts = [line for line in text.splitlines()
+                      if line.startswith("tollgate_trace_spans_total{")]
+            self.assertEqual(len(counts), 3, text)
+            self.assertTrue(all(line.endswith(" 0") for line in counts), counts)
+            time.sleep(0.5)
+            with open(s.log_path) as f:
+                lines = [json.loads(line) for line in f if line.startswith("{")]
+            decisions = [line for line in lines if line.get("message") == "decision"]
+            self.assertEqual(len(decisions), 3, lines)
+            self.assertTrue(all("trace_id" not in line for line in decisions), decisions)
+        finally:
+            s.stop()
+
+    def post_to(self, base, path, body, key, headers=None):
         saved, self.base = self.base, base
         try:
-            return self.post(path, body, key)
+            return self.post(path, body, key, headers)
         finally:
             self.base = saved
 

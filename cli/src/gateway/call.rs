@@ -484,7 +484,9 @@ fn stream(
         response_head.insert("x-tollgate-degraded", HeaderValue::from_static("true"));
     }
     let kept_head = response_head.clone();
-    tokio::spawn(async move {
+    // The stream's task stays in the request's span (its log lines carry the trace).
+    let span = call.span.clone();
+    let relay = async move {
         // The events as the caller gets them, kept for a repeat while within the bound.
         let mut kept: Option<Vec<u8>> = call.replay.map(|_| Vec::new());
         let mut body = upstream.into_body();
@@ -553,7 +555,8 @@ fn stream(
                 let _ = tx.send(Ok(Bytes::from(error))).await;
             }
         }
-    });
+    };
+    tokio::spawn(relay.instrument(span));
     let stream = futures_util::stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|item| (item, rx))
     });
