@@ -75,6 +75,7 @@ fn fill(store: &mut SqliteStore, tenants: u32, jobs: u64) -> Result<(), StoreErr
                 deployment: None,
                 holds_deployment_slot: false,
                 asked_model: None,
+                trace_context: None,
             };
             tx.put_operation(&op)?;
             tx.enqueue(&QueuedJob {
@@ -235,6 +236,7 @@ pub fn admissions_with_shadow(
         priority: Default::default(),
         labels: Default::default(),
         fallback: true,
+        trace_context: None,
     };
     let completion = |i: u64| {
         Completion::succeeded(

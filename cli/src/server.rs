@@ -154,6 +154,9 @@ pub fn router(built: &Built) -> Router {
 /// records the status it was answered with.
 async fn traced(req: Request, next: axum::middleware::Next) -> Response {
     use tracing::Instrument;
+    if !tracing::span_enabled!(target: crate::telemetry::TARGET, tracing::Level::INFO) {
+        return next.run(req).await;
+    }
     let route = req
         .extensions()
         .get::<axum::extract::MatchedPath>()
@@ -164,9 +167,6 @@ async fn traced(req: Request, next: axum::middleware::Next) -> Response {
         route.as_deref(),
         req.headers(),
     );
-    if span.is_disabled() {
-        return next.run(req).await;
-    }
     let response = next.run(req).instrument(span.clone()).await;
     let status = response.status();
     crate::telemetry::number(
