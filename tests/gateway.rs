@@ -79,5 +79,5 @@ fn groups_period_budgets_and_the_spend_ledger_through_the_gateway() {
 
 #[test]
 fn traces_reach_an_otlp_receiver_built_on_the_official_protocol_package() {
-    suite("test_traces.py", 5);
+    suite("test_traces.py", 6);
 }

@@ -269,6 +269,30 @@ class Traces(unittest.TestCase):
         finally:
             s.stop()
 
+    def test_sampling_keeps_a_share_of_new_traces_and_follows_a_parent(self):
+        config = {
+            "auth": {"callers": {"rare-key": "a"}},
+            "telemetry": {"otlp_endpoint": f"http://127.0.0.1:{self.receiver.server_address[1]}",
+                          "sample_ratio": 0, "service_name": "sampled-never"},
+            "tenants": {"a": {}},
+        }
+        s = serving.Serving(config)
+        try:
+            job = {"route": "durable", "input_tokens": 1, "max_output_tokens": 1,
+                   "deadline_ms": int(time.time() * 1000) + 60_000}
+            # A caller's sampled trace is kept whatever the ratio; a new trace is not.
+            self.assertEqual(self.post_to(s.base, "/v1/admit", {**job, "key": "kept"}, "rare-key",
+                                          {"traceparent": traceparent(10)})[0], 202)
+            self.assertEqual(self.post_to(s.base, "/v1/admit", {**job, "key": "new"}, "rare-key")[0], 202)
+            self.trace(TRACE + "0a", ["POST /v1/admit", "tollgate.admission"])
+            time.sleep(1.5)
+            with Receiver.lock:
+                mine = {s.trace_id.hex() for svc, s in Receiver.spans
+                        if svc.get("service.name") == "sampled-never"}
+            self.assertEqual(mine, {TRACE + "0a"})
+        finally:
+            s.stop()
+
     def test_with_no_endpoint_no_span_is_built_or_sent(self):
         config = {"auth": {"callers": {"quiet-key": "a"}}, "tenants": {"a": {}}}
         s = serving.Serving(config, args=["--json-logs"])
