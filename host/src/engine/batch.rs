@@ -475,7 +475,7 @@ impl<S: Store> Engine<S> {
             let at = |now_ms: &i64| store_now.unwrap_or(*now_ms);
             // A request made in code is checked as a JSON one is (the service's were).
             let unchecked = |request: &Request| {
-                crate::validate::check(request, &config)
+                crate::validate::check(request, config)
                     .err()
                     .map(|e| Decision::rejected(e.reason(), None))
             };
