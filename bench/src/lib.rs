@@ -6,6 +6,7 @@ extern crate alloc;
 
 pub mod gateway;
 pub mod http;
+pub mod latency;
 pub mod native;
 pub mod policies;
 pub mod redis_peer;

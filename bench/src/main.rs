@@ -66,6 +66,10 @@ enum BenchCommand {
         /// Servers sharing the PostgreSQL store, the connections spread over them.
         #[arg(long, default_value_t = 1)]
         replicas: usize,
+        /// Milliseconds added to each round trip between the replicas and PostgreSQL, by a
+        /// delaying TCP proxy (half each way): a real network's latency on one machine.
+        #[arg(long)]
+        db_latency_ms: Option<f64>,
         /// Print one JSON line at the end.
         #[arg(long)]
         json: bool,
@@ -147,10 +151,28 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             requests,
             db,
             replicas,
+            db_latency_ms,
             json,
             tollgate,
         }) => {
             let dir = tempfile_dir()?;
+            // The proxy lives as long as the run.
+            let mut _proxy = None;
+            let db = match (db, db_latency_ms) {
+                (Some(url), Some(ms)) if ms > 0.0 => {
+                    let (_, target) =
+                        tollgate_bench::latency::through(&url, "127.0.0.1:1".parse().unwrap())?;
+                    let proxy = tollgate_bench::latency::Proxy::start(
+                        target,
+                        std::time::Duration::from_secs_f64(ms / 1000.0),
+                    )?;
+                    let (through, _) = tollgate_bench::latency::through(&url, proxy.addr)?;
+                    _proxy = Some(proxy);
+                    Some(through)
+                }
+                (None, Some(_)) => return Err("--db-latency-ms needs --db".into()),
+                (db, _) => db,
+            };
             let f = match db.as_deref() {
                 Some(url) => http::http_postgres(url, tenants, connections, requests, replicas),
                 None => {
@@ -159,9 +181,10 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
                 }
             };
             println!(
-                "store: {}, replicas: {}",
+                "store: {}, replicas: {}, added round trip to the store: {} ms",
                 db.as_deref().map_or("sqlite file", |_| "postgres"),
-                replicas.max(1)
+                replicas.max(1),
+                db_latency_ms.unwrap_or(0.0)
             );
             let _ = std::fs::remove_dir_all(&dir);
             let f = f?;

@@ -429,7 +429,10 @@ impl<S: Store> Engine<S> {
                 .iter()
                 .filter(|k| !owned.keys.contains(&k.sha256))
                 .count();
-            if !tx.api_keys()?.iter().any(|k| k.role == KeyRole::Admin) && !stored.is_empty() {
+            // The file may leave admin keys out (then nobody administers over HTTP), but it
+            // may not take away the last one the store had.
+            let had_admin = stored.iter().any(|k| k.role == KeyRole::Admin);
+            if had_admin && !tx.api_keys()?.iter().any(|k| k.role == KeyRole::Admin) {
                 return Err(DirectoryError::LastAdmin);
             }
             if report.seeded {
@@ -664,6 +667,40 @@ impl<S: Store> Engine<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use crate::config::Config;
+    use crate::runtime::{builtin, PolicyLimits, Runtime};
+    use crate::store::SqliteStore;
+
+    fn engine(config: &serde_json::Value) -> Engine<SqliteStore> {
+        let runtime = Runtime::new().unwrap();
+        let policy = runtime
+            .load(
+                builtin::get("standard").unwrap(),
+                PolicyLimits::DEFAULT.any_size(),
+            )
+            .unwrap();
+        let config = Config::from_json(config).unwrap();
+        let store = SqliteStore::in_memory().unwrap();
+        Engine::new(config, store, runtime, std::sync::Arc::new(policy))
+    }
+
+    #[test]
+    fn a_file_without_admin_keys_applies_again_but_cannot_take_the_last_one_away() {
+        let e = engine(&serde_json::json!({"tenants": {"a": {}}}));
+        let caller = |key: &str| (key.to_string(), Role::Caller { tenant: "a".into() });
+        let callers: HashMap<String, Role> = [caller("a-key")].into();
+        // Applied at a start and again (a restart, or a second replica of the same file).
+        e.adopt_directory(&callers, &[], 0).unwrap();
+        e.adopt_directory(&callers, &[], 1).unwrap();
+        let with_admin: HashMap<String, Role> =
+            [caller("a-key"), ("admin-key".to_string(), Role::Admin)].into();
+        e.adopt_directory(&with_admin, &[], 2).unwrap();
+        assert!(matches!(
+            e.adopt_directory(&callers, &[], 3),
+            Err(DirectoryError::LastAdmin)
+        ));
+    }
 
     #[test]
     fn hashes_round_trip_through_hex() {
