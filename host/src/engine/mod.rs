@@ -140,7 +140,8 @@ pub struct Inspection {
     pub queues: BTreeMap<String, u32>,
     /// Tenant to how long its oldest queued job has waited, in milliseconds (0 when none
     /// waits): the head of each dispatch band, measured from when it entered the queue.
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    /// For metrics; left out of the inspection's JSON, which says what is held, not when.
+    #[serde(skip)]
     pub queue_age_ms: BTreeMap<String, i64>,
     /// The operations of the page asked for, by tenant and key (none for levels only).
     pub operations: Vec<OperationView>,
