@@ -668,22 +668,7 @@ impl<S: Store> Engine<S> {
 mod tests {
     use super::*;
 
-    use crate::config::Config;
-    use crate::runtime::{builtin, PolicyLimits, Runtime};
-    use crate::store::SqliteStore;
-
-    fn engine(config: &serde_json::Value) -> Engine<SqliteStore> {
-        let runtime = Runtime::new().unwrap();
-        let policy = runtime
-            .load(
-                builtin::get("standard").unwrap(),
-                PolicyLimits::DEFAULT.any_size(),
-            )
-            .unwrap();
-        let config = Config::from_json(config).unwrap();
-        let store = SqliteStore::in_memory().unwrap();
-        Engine::new(config, store, runtime, std::sync::Arc::new(policy))
-    }
+    use crate::engine::test_engine as engine;
 
     #[test]
     fn a_file_without_admin_keys_applies_again_but_cannot_take_the_last_one_away() {

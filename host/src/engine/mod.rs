@@ -615,3 +615,19 @@ fn oldest_wait_ms(
     }
     Ok(oldest)
 }
+
+/// An engine over an in-memory store with the standard policy, for unit tests.
+#[cfg(test)]
+pub(crate) fn test_engine(config: &serde_json::Value) -> Engine<crate::store::SqliteStore> {
+    use crate::runtime::{builtin, PolicyLimits};
+    let runtime = Runtime::new().unwrap();
+    let policy = runtime
+        .load(
+            builtin::get("standard").unwrap(),
+            PolicyLimits::DEFAULT.any_size(),
+        )
+        .unwrap();
+    let config = Config::from_json(config).unwrap();
+    let store = crate::store::SqliteStore::in_memory().unwrap();
+    Engine::new(config, store, runtime, Arc::new(policy))
+}

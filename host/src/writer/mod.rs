@@ -494,21 +494,11 @@ fn deliver(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Config;
-    use crate::runtime::{builtin, PolicyLimits, Runtime};
-    use crate::store::SqliteStore;
 
-    fn engine() -> Arc<Engine<SqliteStore>> {
-        let runtime = Runtime::new().unwrap();
-        let policy = runtime
-            .load(
-                builtin::get("standard").unwrap(),
-                PolicyLimits::DEFAULT.any_size(),
-            )
-            .unwrap();
-        let config = Config::from_json(&serde_json::json!({"tenants": {"a": {}}})).unwrap();
-        let store = SqliteStore::in_memory().unwrap();
-        Arc::new(Engine::new(config, store, runtime, Arc::new(policy)))
+    fn engine() -> Arc<Engine<crate::store::SqliteStore>> {
+        Arc::new(crate::engine::test_engine(
+            &serde_json::json!({"tenants": {"a": {}}}),
+        ))
     }
 
     #[test]
