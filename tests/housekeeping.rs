@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 use std::collections::HashSet;
 use tollgate::engine::{Completion, CompletionError, Page, Reconciliation};
 use tollgate::model::{CallResult, OpState};
-use tollgate::store::SqliteStore;
+use tollgate::store::{SqliteStore, Store, Tx};
 
 const DAY_MS: i64 = 86_400_000;
 
@@ -92,12 +92,19 @@ fn records_written_before_the_clock_existed_start_it_at_the_first_sweep() {
         let engine = common::engine_on(config(), SqliteStore::open(&path).unwrap(), "standard");
         admit(&engine, "old", 0);
     }
-    // As an earlier release wrote it: no `state_since_ms`.
+    // As an earlier release wrote it: JSON, without `state_since_ms`.
+    let mut op = SqliteStore::open(&path)
+        .unwrap()
+        .transaction(|tx| tx.operation("acme", "old"))
+        .unwrap()
+        .unwrap();
+    assert!(op.state_since_ms.is_some());
+    op.state_since_ms = None;
     let conn = rusqlite::Connection::open(&path).unwrap();
     let n = conn
         .execute(
-            "UPDATE operations SET record = json_remove(record, '$.state_since_ms')",
-            [],
+            "UPDATE operations SET record = ?1",
+            [serde_json::to_string(&op).unwrap()],
         )
         .unwrap();
     assert_eq!(n, 1);

@@ -257,7 +257,7 @@ fn a_queue_written_before_priority_bands_is_upgraded_and_its_jobs_claimed() {
         .query_one("SELECT value FROM meta WHERE name = 'schema_version'", &[])
         .unwrap()
         .get(0);
-    assert_eq!(version, "2");
+    assert_eq!(version, "3");
     let depth = store.transaction(|tx| tx.queue_depth("acme")).unwrap();
     assert_eq!(depth, 1);
     let engine = common::engine_on(config, store, "standard");

@@ -87,6 +87,19 @@ fn store_figures(db: &Path) -> Result<(u64, u64, u64, u64), String> {
     Ok(((pages - free) * size, finished, rows, hours))
 }
 
+/// How many of the store's operations did not succeed: each call to the stub should have.
+fn unfinished(db: &Path) -> Result<u64, String> {
+    let c = rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+        .map_err(|e| e.to_string())?;
+    c.query_row(
+        "SELECT COUNT(*) FROM operations WHERE state <> 'succeeded'",
+        [],
+        |r| r.get::<_, i64>(0),
+    )
+    .map(|n| n.max(0) as u64)
+    .map_err(|e| e.to_string())
+}
+
 const ANSWER: &str = r#"{"id":"chatcmpl-b","object":"chat.completion","created":0,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"Hello world"},"finish_reason":"stop"}],"usage":{"prompt_tokens":9,"completion_tokens":2,"total_tokens":11}}"#;
 const STREAM: &str = concat!(
     "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"Hello\"}}]}\n\n",
@@ -105,7 +118,8 @@ async fn stub(listener: tokio::net::TcpListener) {
         tokio::spawn(async move {
             let service = hyper::service::service_fn(|req: Request<Incoming>| async move {
                 let body = req.into_body().collect().await?.to_bytes();
-                let stream = body.windows(14).any(|w| w == b"\"stream\":true");
+                const STREAMED: &[u8] = b"\"stream\":true";
+                let stream = body.windows(STREAMED.len()).any(|w| w == STREAMED);
                 let (kind, text) = if stream {
                     ("text/event-stream", STREAM)
                 } else {
@@ -251,6 +265,13 @@ pub fn gateway(
             measure(&proxied, "bench-key", true, alone, connections, calls).await?;
         tokio::time::sleep(std::time::Duration::from_millis(500)).await;
         let (_, _, ledger_rows, ledger_hours) = store_figures(&db)?;
+        let unfinished = unfinished(&db)?;
+        if unfinished > 0 {
+            return Err(format!(
+                "{unfinished} gateway calls did not end `succeeded` (see {})",
+                dir.join("serve.log").display()
+            ));
+        }
         let finished = ops_after.saturating_sub(ops_before);
         let store = StoreGrowth {
             finished_operations: finished,

@@ -7,6 +7,7 @@
 
 #[cfg(feature = "postgres")]
 pub mod postgres;
+mod record;
 mod row_cache;
 mod schema;
 pub mod sqlite;
@@ -41,6 +42,9 @@ pub enum StoreError {
     /// A stored record could not be read.
     #[error("stored record is unreadable: {0}")]
     Record(#[from] serde_json::Error),
+    /// A packed record is damaged (cut short, or with codes this build does not know).
+    #[error("stored record is unreadable: {0}")]
+    Corrupt(String),
     /// The schema or the store is not what this version expects.
     #[error("{0}")]
     Schema(String),

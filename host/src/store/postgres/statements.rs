@@ -61,8 +61,7 @@ statements! {
         WHERE state = 'unknown' AND (tenant, key) > ($1, $2) ORDER BY tenant, key LIMIT $3";
     delete_operation = "DELETE FROM operations WHERE tenant = $1 AND key = $2";
     delete_operation_answer = "DELETE FROM answers WHERE tenant = $1 AND key = $2";
-    rename_worker = "UPDATE operations SET worker = $2,
-        record = jsonb_set(record::jsonb, '{worker}', to_jsonb($2::text))::text WHERE worker = $1";
+    claimed_by = "SELECT tenant, key, record FROM operations WHERE worker = $1";
     count_unknown = "SELECT COUNT(*) FROM operations WHERE state = 'unknown'";
     unfinished = "SELECT COUNT(*) FROM operations WHERE worker = $1 AND state IN ('active', 'unknown')";
     meta = "SELECT value FROM meta WHERE name = $1";

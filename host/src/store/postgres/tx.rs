@@ -11,7 +11,7 @@ use crate::bucket;
 use crate::model::{Operation, Priority};
 use crate::spend::SpendRow;
 use crate::store::row_cache::RowCache;
-use crate::store::{KeyRole, Prefetch, QueuedJob, StoreError, StoredKey, Tx};
+use crate::store::{record, KeyRole, Prefetch, QueuedJob, StoreError, StoredKey, Tx};
 use postgres::{Client, Row, Statement};
 
 /// A transaction open on the connection, with the caches of the batch it belongs to.
@@ -103,11 +103,7 @@ impl PgTx<'_> {
 }
 
 fn operation(r: &Row) -> Result<Operation, StoreError> {
-    Ok(Operation::from_record(
-        r.get(0),
-        r.get(1),
-        r.get::<_, &str>(2),
-    )?)
+    record::from_text(r.get(0), r.get(1), r.get::<_, &str>(2))
 }
 
 impl Tx for PgTx<'_> {
@@ -168,7 +164,7 @@ impl Tx for PgTx<'_> {
         }
         self.need(RowLock::operation(tenant, key))?;
         let op = match self.opt(&self.st.operation, &[&tenant, &key])? {
-            Some(r) => Some(Operation::from_record(
+            Some(r) => Some(record::from_text(
                 tenant.to_string(),
                 key.to_string(),
                 r.get::<_, &str>(0),
@@ -208,7 +204,14 @@ impl Tx for PgTx<'_> {
         self.flush_operations()?;
         // Cached copies would carry the old name: read them again.
         *self.ops = OpCache::default();
-        self.exec(&self.st.rename_worker, &[&from, &to])
+        // Read and written back whole: a finished operation's record is packed, not JSON.
+        let rows = self.client.query(&self.st.claimed_by, &[&from])?;
+        let claimed = rows.iter().map(operation).collect::<Result<Vec<_>, _>>()?;
+        for mut op in claimed.iter().cloned() {
+            op.worker = Some(to.to_string());
+            self.put_operation(&op)?;
+        }
+        Ok(claimed.len() as u64)
     }
     fn delete_operation(&mut self, tenant: &str, key: &str) -> Result<(), StoreError> {
         self.need_store()?;

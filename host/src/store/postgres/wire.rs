@@ -5,7 +5,7 @@ use super::op_cache::OpCache;
 use crate::bucket;
 use crate::model::Operation;
 use crate::store::row_cache::{Flush, RowCache};
-use crate::store::{Prefetch, StoreError};
+use crate::store::{record, Prefetch, StoreError};
 use postgres::{Client, Row, Statement};
 
 /// The names of `names` that `missing` says are not cached yet.
@@ -110,8 +110,7 @@ impl Found {
                 }
                 2 => {
                     let key: String = r.get(2);
-                    let op =
-                        Operation::from_record(name.clone(), key.clone(), r.get::<_, &str>(5))?;
+                    let op = record::from_text(name.clone(), key.clone(), r.get::<_, &str>(5))?;
                     found.operations.insert((name, key), op);
                 }
                 3 => {
@@ -144,7 +143,7 @@ impl DirtyOperations {
             records: Vec::with_capacity(dirty.len()),
         };
         for op in dirty {
-            out.records.push(serde_json::to_string(&op)?);
+            out.records.push(record::to_text(&op)?);
             out.states.push(op.state.as_str());
             out.tenants.push(op.tenant);
             out.keys.push(op.key);

@@ -187,24 +187,49 @@ fn a_version_1_database_is_upgraded_and_a_newer_one_refused() {
     };
     set(&mut store, "a", 7);
     drop(store);
-    assert_eq!(version(&path), "3");
+    assert_eq!(version(&path), "4");
     // What a host of version 1 left: balances in `buckets`, no log table, a queue without
     // priorities (with a job in it).
     let conn = Connection::open(&path).unwrap();
     conn.execute_batch(
-        "DROP TABLE bucket_log;
+        r#"DROP TABLE bucket_log;
          DROP INDEX queue_by_band;
          ALTER TABLE queue DROP COLUMN priority;
          INSERT INTO queue (tenant, key, tokens, not_before_ms, expire_at_ms)
              VALUES ('acme', 'old', 5, 0, 99);
          INSERT INTO buckets (name, balance_micro, updated_ms) VALUES ('a', 9, 1);
-         UPDATE meta SET value = '1' WHERE name = 'schema_version';",
+         INSERT INTO operations (tenant, key, state, worker, record) VALUES ('acme', 'done',
+             'succeeded', NULL, '{"fingerprint":"f","route":"interactive","state":"succeeded",
+             "attempt":1,"deadline_ms":9,"input_tokens":2,"max_output_tokens":3,
+             "reserved_tokens":5,"policy_digest":"p"}');
+         UPDATE meta SET value = '1' WHERE name = 'schema_version';"#,
     )
     .unwrap();
     let mut store = SqliteStore::open(&path).unwrap();
     assert_eq!(read(&mut store, "a"), Some(9));
     set(&mut store, "a", 8);
-    assert_eq!(version(&path), "3");
+    assert_eq!(version(&path), "4");
+    // A finished operation's JSON record reads as it did; written again, it is packed.
+    let mut done = store
+        .transaction(|tx| tx.operation("acme", "done"))
+        .unwrap()
+        .unwrap();
+    assert_eq!((done.fingerprint.as_str(), done.reserved_tokens), ("f", 5));
+    done.attempt = 2;
+    store.transaction(|tx| tx.put_operation(&done)).unwrap();
+    let kind: String = conn
+        .query_row(
+            "SELECT typeof(record) FROM operations WHERE key = 'done'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(kind, "blob");
+    let again = store
+        .transaction(|tx| tx.operation("acme", "done"))
+        .unwrap()
+        .unwrap();
+    assert_eq!(again.attempt, 2);
     // The job queued before bands existed waits in the standard band.
     let head = store
         .transaction(|tx| tx.ready_head("acme", crate::model::Priority::Standard, 0))
@@ -213,13 +238,13 @@ fn a_version_1_database_is_upgraded_and_a_newer_one_refused() {
     assert_eq!((head.key.as_str(), head.tokens), ("old", 5));
     drop(store);
     conn.execute(
-        "UPDATE meta SET value = '4' WHERE name = 'schema_version'",
+        "UPDATE meta SET value = '5' WHERE name = 'schema_version'",
         [],
     )
     .unwrap();
     let e = SqliteStore::open(&path).err().unwrap().to_string();
-    assert!(e.contains("schema version 4 is not 3"), "{e}");
-    assert_eq!(version(&path), "4");
+    assert!(e.contains("schema version 5 is not 4"), "{e}");
+    assert_eq!(version(&path), "5");
     assert_eq!(in_sql(&path, "a"), Some(8));
 }
 

@@ -2,7 +2,7 @@
 //! the row cache, operations and queues in SQL.
 
 use super::super::row_cache::RowCache;
-use super::super::{ledger_sql, KeyRole, QueuedJob, StoreError, StoredKey, Tx};
+use super::super::{ledger_sql, record, KeyRole, QueuedJob, StoreError, StoredKey, Tx};
 use crate::alerts::Alert;
 use crate::bucket;
 use crate::model::{Operation, Priority};
@@ -35,17 +35,10 @@ impl SqliteTx<'_> {
     ) -> Result<Vec<Operation>, StoreError> {
         let (tenant, key) = after.unwrap_or(("", ""));
         let mut st = self.tx.prepare_cached(sql)?;
-        let rows = st.query_map(params![tenant, key, limit], |r| {
-            Ok((
-                r.get::<_, String>(0)?,
-                r.get::<_, String>(1)?,
-                r.get::<_, String>(2)?,
-            ))
-        })?;
+        let mut rows = st.query(params![tenant, key, limit])?;
         let mut out = Vec::new();
-        for row in rows {
-            let (tenant, key, record) = row?;
-            out.push(Operation::from_record(tenant, key, &record)?);
+        while let Some(r) = rows.next()? {
+            out.push(record::from_sqlite(r.get(0)?, r.get(1)?, r.get_ref(2)?)?);
         }
         Ok(out)
     }
@@ -102,14 +95,19 @@ impl Tx for SqliteTx<'_> {
         let mut st = self
             .tx
             .prepare_cached("SELECT record FROM operations WHERE tenant = ?1 AND key = ?2")?;
-        let record: Option<String> = st.query_row([tenant, key], |r| r.get(0)).optional()?;
-        Ok(record
-            .map(|r| Operation::from_record(tenant.to_string(), key.to_string(), &r))
-            .transpose()?)
+        let mut rows = st.query([tenant, key])?;
+        match rows.next()? {
+            Some(r) => Ok(Some(record::from_sqlite(
+                tenant.to_string(),
+                key.to_string(),
+                r.get_ref(0)?,
+            )?)),
+            None => Ok(None),
+        }
     }
 
     fn put_operation(&mut self, op: &Operation) -> Result<(), StoreError> {
-        let record = serde_json::to_string(op)?;
+        let record = record::to_sqlite(op)?;
         let mut st = self.tx.prepare_cached(
             "INSERT INTO operations (tenant, key, state, worker, record) VALUES (?1, ?2, ?3, ?4, ?5)
              ON CONFLICT (tenant, key) DO UPDATE SET state = ?3, worker = ?4, record = ?5",
@@ -151,14 +149,22 @@ impl Tx for SqliteTx<'_> {
     }
 
     fn rename_worker(&mut self, from: &str, to: &str) -> Result<u64, StoreError> {
-        let n = self
-            .tx
-            .prepare_cached(
-                "UPDATE operations SET worker = ?2, record = json_set(record, '$.worker', ?2)
-                 WHERE worker = ?1",
-            )?
-            .execute([from, to])?;
-        Ok(n as u64)
+        // Read and written back whole: a finished operation's record is packed, not JSON.
+        let mut claimed = Vec::new();
+        {
+            let mut st = self
+                .tx
+                .prepare_cached("SELECT tenant, key, record FROM operations WHERE worker = ?1")?;
+            let mut rows = st.query([from])?;
+            while let Some(r) = rows.next()? {
+                claimed.push(record::from_sqlite(r.get(0)?, r.get(1)?, r.get_ref(2)?)?);
+            }
+        }
+        for op in &mut claimed {
+            op.worker = Some(to.to_string());
+            self.put_operation(op)?;
+        }
+        Ok(claimed.len() as u64)
     }
 
     fn delete_operation(&mut self, tenant: &str, key: &str) -> Result<(), StoreError> {
@@ -183,17 +189,10 @@ impl Tx for SqliteTx<'_> {
         let mut st = self
             .tx
             .prepare_cached("SELECT tenant, key, record FROM operations ORDER BY tenant, key")?;
-        let rows = st.query_map([], |r| {
-            Ok((
-                r.get::<_, String>(0)?,
-                r.get::<_, String>(1)?,
-                r.get::<_, String>(2)?,
-            ))
-        })?;
+        let mut rows = st.query([])?;
         let mut out = Vec::new();
-        for row in rows {
-            let (tenant, key, record) = row?;
-            out.push(Operation::from_record(tenant, key, &record)?);
+        while let Some(r) = rows.next()? {
+            out.push(record::from_sqlite(r.get(0)?, r.get(1)?, r.get_ref(2)?)?);
         }
         Ok(out)
     }
