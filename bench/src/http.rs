@@ -33,7 +33,34 @@ pub struct HttpFigures {
     /// on a shared host the cores the figures above were measured on were only partly
     /// there, and a rate lower than usual with a high steal is the machine's, not the code's.
     pub machine: Option<MachineShare>,
+    /// The shared budget run short after the timed load (see [`PROBE_LIMIT`]): whether the
+    /// servers together admitted more than it holds.
+    pub shared_budget: Option<SharedBudget>,
 }
+
+/// What a shared budget admitted when every connection, on every replica, asked for more
+/// than it holds at once.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct SharedBudget {
+    /// The bucket's name.
+    pub budget: String,
+    /// What it holds (a hard budget: it never refills).
+    pub limit: u64,
+    /// Admissions answered 200.
+    pub admitted: u64,
+    /// Admissions beyond the limit: 0, or the budget was broken.
+    pub overshoot: u64,
+    /// What it still held when the probe's requests had all been answered (none were left
+    /// unanswered, so this is what no server could reach).
+    pub stranded: u64,
+}
+
+/// The requests of the probe's model, a hard budget shared by every tenant. Once the timed
+/// load is over, twice as many admissions as it holds are sent naming it, spread over every
+/// connection and replica: exactly this many must be admitted.
+pub const PROBE_LIMIT: u64 = 1_000;
+/// The model whose budget the probe runs short.
+const PROBE_MODEL: &str = "probe";
 
 /// Shares of the machine's CPU time over an interval, in percent of all its cores.
 #[derive(Clone, Copy, Debug, Serialize, PartialEq)]
@@ -94,7 +121,50 @@ fn http_config(tenants: u32) -> serde_json::Value {
         .map(|t| (format!("key-{t}"), serde_json::json!(format!("t{t:05}"))))
         .collect();
     config["auth"] = serde_json::json!({ "callers": callers });
+    config["models"] = serde_json::json!({
+        PROBE_MODEL: {"requests": {"capacity": PROBE_LIMIT, "refill_per_s": 0}}
+    });
     config
+}
+
+/// Runs the probe of [`PROBE_LIMIT`] against servers at `addrs`.
+fn probe(
+    addrs: &[std::net::SocketAddr],
+    tenants: u32,
+    connections: usize,
+) -> Result<SharedBudget, String> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let connections = connections.clamp(1, PROBE_LIMIT as usize);
+    let per_connection = (2 * PROBE_LIMIT).div_ceil(connections as u64);
+    rt.block_on(async {
+        let mut tasks = tokio::task::JoinSet::new();
+        for c in 0..connections {
+            let addr = addrs[c % addrs.len()];
+            let first = c as u64 * per_connection;
+            tasks.spawn(async move {
+                drive(addr, tenants, first, per_connection, Some(PROBE_MODEL))
+                    .await
+                    .map_err(|e| format!("probe connection {c}: {e}"))
+            });
+        }
+        let (mut sent, mut refused) = (0, 0);
+        while let Some(done) = tasks.join_next().await {
+            let (l, e) = done.map_err(|e| e.to_string())??;
+            sent += l.len() as u64;
+            refused += e;
+        }
+        let admitted = sent - refused;
+        Ok(SharedBudget {
+            budget: format!("model.{PROBE_MODEL}.requests"),
+            limit: PROBE_LIMIT,
+            admitted,
+            overshoot: admitted.saturating_sub(PROBE_LIMIT),
+            stranded: PROBE_LIMIT.saturating_sub(admitted),
+        })
+    })
 }
 
 /// `tollgate serve` as its own process, killed when dropped.
@@ -190,6 +260,7 @@ pub fn http(
         cpu_before.1,
         cpu_ticks(pid, Some(tollgate::writer::WRITER_THREAD)),
     );
+    figures.shared_budget = Some(probe(&[addr], tenants, connections)?);
     Ok(figures)
 }
 
@@ -268,7 +339,10 @@ pub fn http_postgres(
             let _ = stopped.await;
         })));
     }
-    let figures = load(&addrs, tenants, connections, requests);
+    let figures = load(&addrs, tenants, connections, requests).and_then(|mut f| {
+        f.shared_budget = Some(probe(&addrs, tenants, connections)?);
+        Ok(f)
+    });
     for stop in stops {
         let _ = stop.send(());
     }
@@ -301,7 +375,7 @@ fn load(
             let addr = addrs[c % addrs.len()];
             let first = c as u64 * per_connection;
             tasks.spawn(async move {
-                drive(addr, tenants, first, per_connection)
+                drive(addr, tenants, first, per_connection, None)
                     .await
                     .map_err(|e| format!("connection {c}: {e}"))
             });
@@ -333,17 +407,20 @@ fn load(
             server_cpu_us_per_admission: None,
             writer_cpu_us_per_admission: None,
             machine: machine.and_then(|(before, after)| before.share_until(after)),
+            shared_budget: None,
         })
     })
 }
 
 /// One connection's requests: admissions `first..first + count`, each for tenant `n % tenants`
-/// with a key of its own. Returns each request's latency in ms and how many were not 200.
+/// with a key of its own, naming `model` when given. Returns each request's latency in ms
+/// and how many were not 200.
 async fn drive(
     addr: std::net::SocketAddr,
     tenants: u32,
     first: u64,
     count: u64,
+    model: Option<&str>,
 ) -> std::io::Result<(Vec<f64>, u64)> {
     use std::io::{Error, ErrorKind};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -354,10 +431,16 @@ async fn drive(
     let mut request = Vec::with_capacity(512);
     let mut buf = vec![0u8; 16 << 10];
     for n in first..first + count {
-        let body = format!(
-            r#"{{"key":"op-{n}","route":"interactive","input_tokens":200,"max_output_tokens":300,"deadline_ms":{}}}"#,
-            i64::MAX
-        );
+        let body = match model {
+            None => format!(
+                r#"{{"key":"op-{n}","route":"interactive","input_tokens":200,"max_output_tokens":300,"deadline_ms":{}}}"#,
+                i64::MAX
+            ),
+            Some(m) => format!(
+                r#"{{"key":"{m}-{n}","route":"interactive","model":"{m}","input_tokens":200,"max_output_tokens":300,"deadline_ms":{}}}"#,
+                i64::MAX
+            ),
+        };
         request.clear();
         write!(
             request,

@@ -216,8 +216,18 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
                     m.idle_percent, m.steal_percent
                 );
             }
+            if let Some(b) = &f.shared_budget {
+                println!(
+                    "shared budget {} run short after the load: {} admitted of {}, overshoot {}, stranded {}",
+                    b.budget, b.admitted, b.limit, b.overshoot, b.stranded
+                );
+            }
             if json {
                 println!("{}", serde_json::json!(f));
+            }
+            if f.shared_budget.as_ref().is_some_and(|b| b.overshoot > 0) {
+                eprintln!("a shared budget admitted more than it holds");
+                return Ok(ExitCode::FAILURE);
             }
             Ok(ExitCode::SUCCESS)
         }

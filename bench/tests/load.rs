@@ -78,6 +78,14 @@ fn the_load_benchmark_drives_a_real_server_and_counts_every_answer() {
         share("steal_percent") + share("idle_percent") < 100.0,
         "{figures}"
     );
+    // The shared budget run short after the load: exactly what it holds was admitted.
+    let b = &figures["shared_budget"];
+    assert_eq!(b["budget"], "model.probe.requests", "{figures}");
+    assert_eq!(
+        (&b["limit"], &b["admitted"], &b["overshoot"], &b["stranded"]),
+        (&1000.into(), &1000.into(), &0.into(), &0.into()),
+        "{figures}"
+    );
 }
 
 #[test]
