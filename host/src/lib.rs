@@ -32,6 +32,7 @@ pub mod calendar;
 pub mod config;
 pub mod engine;
 pub mod explain;
+pub mod lease;
 pub mod maintenance;
 pub mod model;
 pub mod reason;

@@ -466,7 +466,7 @@ mod tests {
             ],
             vec![1, OBJECT, 1, 200, NULL],
             vec![1, WORD, 250],
-            [vec![1], vec![ARRAY, 1].repeat(20), vec![NULL]].concat(),
+            [vec![1], [ARRAY, 1].repeat(20), vec![NULL]].concat(),
         ] {
             assert!(unpack("t".into(), "k".into(), &bad).is_err(), "{bad:?}");
         }
