@@ -3,204 +3,16 @@
 //! of its deployments, in that order, the first that refuses answering. All of it in one transaction; a refusal writes nothing.
 
 use super::budgets::{Budgets, Needs, Refusal};
+use super::decision::Decision;
 use super::deployments;
+use super::fingerprint::fingerprint;
 use super::{downstream_available, Engine};
-use crate::explain::{self, Shortfall, Unit};
+use crate::explain::{Shortfall, Unit};
 use crate::model::{OpState, Operation, Request, Route};
-use crate::reason::{outcome_http, Outcome, Reason};
+use crate::reason::{Outcome, Reason};
 use crate::runtime::{self, Admission, Decider, RefusalReason};
 use crate::store::{QueuedJob, Store, StoreError, Tx};
 use crate::validate;
-use serde::Serialize;
-use sha2::{Digest, Sha256};
-
-/// The answer to one admission.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct Decision {
-    /// What happened: accepted, queued, a duplicate, a conflict, or rejected.
-    pub outcome: Outcome,
-    /// Why, when rejected.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub reason: Option<Reason>,
-    /// The HTTP status this outcome maps to.
-    pub http: u16,
-    /// When a retry may succeed, where known.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub retry_after_ms: Option<u64>,
-    /// The attempt this answer concerns.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub attempt: Option<u32>,
-    /// Tokens reserved (or to be reserved at dispatch, for durable work).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub reserved_tokens: Option<u64>,
-    /// The output limit the call must use (reduced when degraded).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_output_tokens: Option<u64>,
-    /// The optional context the call may send (0 when degraded).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub optional_context_tokens: Option<u64>,
-    /// Whether the policy reduced the request.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub degraded: Option<bool>,
-    /// The operation's state after this admission.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub state: Option<OpState>,
-    /// The saved answer's reference, for a completed duplicate.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub result_ref: Option<String>,
-    /// The content hash of the policy that decided, when a policy was consulted or the
-    /// answer replays an operation it decided.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub policy: Option<String>,
-    /// For a refusal: one sentence saying what was asked, what was available and when to
-    /// retry (with the policy's own words when it gave some).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub message: Option<String>,
-    /// For a refusal by a limit: `limit`, `requested`, `available` and `unit`.
-    #[serde(flatten, skip_serializing_if = "Option::is_none")]
-    pub shortfall: Option<Shortfall>,
-    /// What the policy said of its refusal or degradation, bounded.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub policy_message: Option<String>,
-    /// The deployment of the gateway model reserved for the call (and the one to send it to).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub deployment: Option<String>,
-    /// The model that serves the call when it is not the one asked for (a fallback).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub served_model: Option<String>,
-}
-
-impl Decision {
-    /// A refusal decided before any state was read (validation, say).
-    pub fn rejected(reason: Reason, retry_after_ms: Option<u64>) -> Self {
-        Decision {
-            message: Some(explain::message(reason, None, None, retry_after_ms)),
-            shortfall: None,
-            policy_message: None,
-            outcome: Outcome::Rejected,
-            reason: Some(reason),
-            http: reason.http(),
-            retry_after_ms,
-            attempt: None,
-            reserved_tokens: None,
-            max_output_tokens: None,
-            optional_context_tokens: None,
-            degraded: None,
-            state: None,
-            result_ref: None,
-            policy: None,
-            deployment: None,
-            served_model: None,
-        }
-    }
-
-    /// An answer of `outcome` with nothing else known (what a shadow would have answered).
-    pub(super) fn plain(outcome: Outcome) -> Self {
-        Decision {
-            outcome,
-            http: outcome_http(outcome),
-            ..Decision::rejected(Reason::InvalidRequest, None)
-        }
-        .without_reason()
-    }
-
-    fn without_reason(mut self) -> Self {
-        self.reason = None;
-        self.message = None;
-        self
-    }
-
-    fn refused(r: Refusal) -> Self {
-        Self::rejected(r.reason, r.retry_after_ms).with_shortfall(r.shortfall)
-    }
-
-    /// The same refusal, explained by the limit that was short.
-    fn with_shortfall(mut self, shortfall: Option<Shortfall>) -> Self {
-        self.shortfall = shortfall;
-        self.explain();
-        self
-    }
-
-    /// The same refusal, with the policy's own words.
-    fn with_policy_message(mut self, message: Option<String>) -> Self {
-        self.policy_message = message;
-        self.explain();
-        self
-    }
-
-    /// Writes the message again from the reason, shortfall, policy message and retry-after.
-    fn explain(&mut self) {
-        if let Some(reason) = self.reason {
-            self.message = Some(explain::message(
-                reason,
-                self.shortfall.as_ref(),
-                self.policy_message.as_deref(),
-                self.retry_after_ms,
-            ));
-        }
-    }
-
-    /// An answer that describes an existing operation.
-    fn about(outcome: Outcome, op: &Operation) -> Self {
-        Decision {
-            outcome,
-            reason: None,
-            http: outcome_http(outcome),
-            retry_after_ms: None,
-            attempt: Some(op.attempt),
-            reserved_tokens: Some(op.reserved_tokens),
-            max_output_tokens: Some(op.max_output_tokens),
-            optional_context_tokens: Some(op.optional_context_tokens),
-            degraded: Some(op.degraded),
-            state: Some(op.state),
-            result_ref: op.result_ref.clone(),
-            policy: Some(op.policy_digest.clone()),
-            message: None,
-            shortfall: None,
-            policy_message: None,
-            deployment: op.deployment.clone(),
-            served_model: op.asked_model.as_ref().and(op.model.clone()),
-        }
-    }
-
-    /// Whether this answer authorises a provider call now.
-    pub fn authorises_call(&self) -> bool {
-        self.outcome == Outcome::Accepted
-    }
-}
-
-/// The fingerprint that makes two requests "the same" (docs/contract.md section 2).
-pub(crate) fn fingerprint(req: &Request) -> String {
-    if let Some(f) = &req.fingerprint {
-        return format!("caller:{f}");
-    }
-    // A JSON array, compact: the same text as `json!([...]).to_string()`, without the tree.
-    let mut canonical = serde_json::to_vec(&(
-        req.route,
-        req.input_tokens,
-        req.optional_context_tokens,
-        req.max_output_tokens,
-        &req.body_ref,
-    ))
-    .unwrap_or_default();
-    // Model, priority and labels follow only when one is given, so the fingerprint of a
-    // request without them is the text operations stored before they existed compare with.
-    if req.model.is_some() || !req.priority.is_standard() || !req.labels.is_empty() {
-        #[derive(Serialize)]
-        struct Extra<'a> {
-            model: &'a Option<String>,
-            priority: crate::model::Priority,
-            labels: &'a std::collections::BTreeMap<String, String>,
-        }
-        let extra = Extra {
-            model: &req.model,
-            priority: req.priority,
-            labels: &req.labels,
-        };
-        canonical.extend_from_slice(&serde_json::to_vec(&extra).unwrap_or_default());
-    }
-    format!("sha256:{}", runtime::hex(&Sha256::digest(&canonical)))
-}
 
 /// A fresh admission the policy planned and the host's checks passed, not yet written.
 pub(super) struct Planned {
@@ -701,23 +513,6 @@ fn existing(tx: &mut dyn Tx, req: &Request, fp: &str, now_ms: i64) -> Result<Exi
     })))
 }
 
-impl Decision {
-    /// A conflict says nothing about the other payload's operation.
-    fn without_details(self) -> Self {
-        Decision {
-            attempt: None,
-            reserved_tokens: None,
-            max_output_tokens: None,
-            optional_context_tokens: None,
-            degraded: None,
-            state: None,
-            result_ref: None,
-            policy: None,
-            ..self
-        }
-    }
-}
-
 fn refusal_reason(r: RefusalReason) -> Reason {
     match r {
         RefusalReason::Overloaded => Reason::Overloaded,
@@ -733,65 +528,5 @@ fn refusal_reason(r: RefusalReason) -> Reason {
         RefusalReason::ModelRate => Reason::ModelRate,
         RefusalReason::ModelTokenBudget => Reason::ModelTokenBudget,
         RefusalReason::CostBudget => Reason::CostBudget,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn request(body_ref: Option<&str>, fingerprint: Option<&str>) -> Request {
-        Request {
-            tenant: "acme".into(),
-            key: "k".into(),
-            route: Route::Durable,
-            input_tokens: 120,
-            optional_context_tokens: 30,
-            max_output_tokens: 400,
-            deadline_ms: 5_000,
-            size_bytes: 0,
-            body_ref: body_ref.map(String::from),
-            fingerprint: fingerprint.map(String::from),
-            model: None,
-            priority: crate::model::Priority::Standard,
-            labels: Default::default(),
-            fallback: true,
-            trace_context: None,
-        }
-    }
-
-    #[test]
-    fn fingerprints_are_stable_across_versions() {
-        // Stored operations compare fingerprints: this text may never change.
-        let canonical = r#"["durable",120,30,400,"blob/1"]"#;
-        let expected: String = Sha256::digest(canonical.as_bytes())
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
-        assert_eq!(
-            fingerprint(&request(Some("blob/1"), None)),
-            format!("sha256:{expected}")
-        );
-        assert_ne!(
-            fingerprint(&request(Some("blob/2"), None)),
-            fingerprint(&request(Some("blob/1"), None))
-        );
-        assert_eq!(
-            fingerprint(&request(None, Some("abc"))),
-            "caller:abc".to_string()
-        );
-        // Model, priority and labels make another request; saying "standard" does not.
-        let plain = fingerprint(&request(Some("blob/1"), None));
-        let mut r = request(Some("blob/1"), None);
-        r.priority = crate::model::Priority::Standard;
-        assert_eq!(fingerprint(&r), plain);
-        r.model = Some("gpt-4o".into());
-        let with_model = fingerprint(&r);
-        assert_ne!(with_model, plain);
-        r.priority = crate::model::Priority::Sheddable;
-        assert_ne!(fingerprint(&r), with_model);
-        let mut l = request(Some("blob/1"), None);
-        l.labels.insert("tier".into(), "free".into());
-        assert_ne!(fingerprint(&l), plain);
     }
 }

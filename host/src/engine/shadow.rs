@@ -3,7 +3,7 @@
 //! budgets, queue bound) on the same snapshot, and are counted against the live answers;
 //! they are never carried out, never spend, and a fault of the shadow is only counted.
 
-use super::admission::Decision;
+use super::decision::Decision;
 use super::swap::{PolicyIdentity, SwapError, Verifier};
 use super::Engine;
 use crate::model::{Priority, Request, Route};

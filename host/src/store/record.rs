@@ -313,9 +313,12 @@ impl<'a> Reader<'a> {
                 .ok_or("unknown word"),
             DIGEST => {
                 let tag = self.byte()?;
+                const HEX: &[u8; 16] = b"0123456789abcdef";
                 let mut s = self.string(tag)?;
-                for b in self.take(32)? {
-                    s.push_str(&format!("{b:02x}"));
+                s.reserve(64);
+                for &b in self.take(32)? {
+                    s.push(char::from(HEX[usize::from(b >> 4)]));
+                    s.push(char::from(HEX[usize::from(b & 0xF)]));
                 }
                 Ok(s)
             }
