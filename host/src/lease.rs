@@ -67,12 +67,28 @@ impl Shared {
         }
     }
 
-    /// The row refilled to `now_ms`, up to its capacity less what is leased out.
+    /// The row refilled to `now_ms`: a refill, and a period's reset, fill it up to its
+    /// capacity less what is leased out; a row that does not refill keeps what it holds.
     pub fn refilled(self, limits: Limits, now_ms: i64) -> Self {
-        Shared {
-            bucket: self.bucket.refilled(self.unleased(limits), now_ms),
-            ..self
-        }
+        let unleased = self.unleased(limits);
+        let bucket = if limits.refill_milli_per_s > 0 {
+            self.bucket.refilled(unleased, now_ms)
+        } else {
+            let next = self.bucket.refilled(limits, now_ms);
+            let reset = now_ms > self.bucket.updated_ms
+                && limits
+                    .resets_at(self.bucket.updated_ms)
+                    .is_some_and(|at| now_ms >= at);
+            State {
+                balance_micro: if reset {
+                    unleased.capacity_micro
+                } else {
+                    next.balance_micro
+                },
+                ..next
+            }
+        };
+        Shared { bucket, ..self }
     }
 
     /// Moves up to `size_micro` into a new lease expiring [`LIFE_MS`] after `now_ms`: at
@@ -115,14 +131,23 @@ impl Shared {
         shared.add(limits, lease.remaining_micro)
     }
 
-    /// Gives back `credits` of an admission whose lease is gone (or that was direct).
+    /// Gives back `credits` of an admission that no lease of the refunding holder takes.
     pub fn refund(self, limits: Limits, credits: u64, now_ms: i64) -> Self {
         self.refilled(limits, now_ms)
             .add(limits, credits_micro(credits))
     }
 
+    /// Adds `micro` to the row. A refilling row is capped at its capacity less what is leased
+    /// out, so that a burst never finds more than the capacity in the row and the leases
+    /// together; a row that never refills (a hard or a period budget) is capped at its
+    /// capacity, so that a refund is never lost: what it returns was taken from the budget,
+    /// and the row, the leases and the admissions together never hold more than it.
     fn add(self, limits: Limits, micro: i64) -> Self {
-        let cap = self.unleased(limits).capacity_micro;
+        let cap = if limits.refill_milli_per_s > 0 {
+            self.unleased(limits).capacity_micro
+        } else {
+            limits.capacity_micro
+        };
         Shared {
             bucket: State {
                 balance_micro: self.bucket.balance_micro.saturating_add(micro).min(cap),
@@ -161,12 +186,10 @@ impl Lease {
         })
     }
 
-    /// A refund of `credits` of an admission made from this lease, while the lease has not
-    /// been given back (expired or not: the sweep returns it with the refund): what fits
-    /// under `granted_micro` goes back into it; the rest (micro-credits) is for the shared
-    /// row. Refunding every admission into its lease while it is there is what keeps a hard
-    /// budget whole: the row can then always take the refunds of admissions whose lease is
-    /// gone.
+    /// A refund of `credits` that the lease's holder received, whichever of its leases (or
+    /// the row) the admission was made from: what fits under `granted_micro` goes back into
+    /// this lease; the rest (micro-credits) is for the shared row. An admission need not
+    /// remember its lease, and a holder's refunds mostly stay off the shared row.
     pub fn refund(self, credits: u64) -> (Lease, i64) {
         let back = credits_micro(credits);
         let room = self.granted_micro - self.remaining_micro;
@@ -232,12 +255,35 @@ mod tests {
         assert_eq!((lease.remaining_micro, rest), (4 * MICRO, 2 * MICRO));
     }
 
+    #[test]
+    fn a_period_row_resets_to_what_is_not_leased_and_a_hard_row_keeps_every_refund() {
+        let hour = crate::calendar::Calendar::new(crate::calendar::Period::Hour, "UTC").unwrap();
+        let limits = Limits::per_period(10.0, hour);
+        let (shared, lease) = Shared::new(State::full(limits, 0)).take(limits, 4 * MICRO, 0);
+        let spent = shared.spend(limits, 6, 1_000).unwrap();
+        assert_eq!(spent.bucket.balance_micro, 0);
+        // The next hour: the row is full less the lease still out.
+        let next = spent.refilled(limits, 3_600_000);
+        assert_eq!(next.bucket.balance_micro, 6 * MICRO);
+        let back = next.give_back(limits, lease, 3_600_000);
+        assert_eq!(
+            (back.bucket.balance_micro, back.leased_micro),
+            (10 * MICRO, 0)
+        );
+        // A hard budget: a refund reaches the row whole while a lease is out.
+        let hard = Limits::from_credits(10.0, 0.0);
+        let (shared, _lease) = Shared::new(State::full(hard, 0)).take(hard, 4 * MICRO, 0);
+        let shared = shared.spend(hard, 6, 0).unwrap().refund(hard, 6, 5_000);
+        assert_eq!(shared.bucket.balance_micro, 6 * MICRO);
+    }
+
     /// What one step of the property test does.
     #[derive(Clone, Debug)]
     enum Step {
         /// A holder admits a call of this many credits.
         Admit(u8),
-        /// One of the outstanding admissions (by index, modulo) gets its credits back.
+        /// One of the outstanding admissions (by index, modulo) gets its credits back,
+        /// through the step's holder (not always the one that admitted it).
         Refund(usize),
         /// A holder stops cleanly: its lease goes back.
         Stop,
@@ -337,22 +383,21 @@ mod tests {
             }
         }
 
-        fn refund(&mut self, index: usize, now: i64) {
+        fn refund(&mut self, holder: usize, index: usize, now: i64) {
             if self.outstanding.is_empty() {
                 return;
             }
-            let (credits, from) = self.outstanding.swap_remove(index % self.outstanding.len());
+            let (credits, _) = self.outstanding.swap_remove(index % self.outstanding.len());
             self.refunded += credits;
-            match from {
-                // Into its lease while the lease's row is there, expired or not.
-                From::Lease(id) if self.leases[id].is_some() => {
-                    let (holder, lease) = self.leases[id].unwrap();
+            match self.lease_of(holder) {
+                // Into the refunding holder's lease, expired or not (its row is still there).
+                Some((id, lease)) => {
                     let (lease, rest) = lease.refund(credits);
                     self.leases[id] = Some((holder, lease));
                     let shared = self.shared.refilled(self.limits, now);
                     self.shared = shared.add(self.limits, rest);
                 }
-                _ => self.shared = self.shared.refund(self.limits, credits, now),
+                None => self.shared = self.shared.refund(self.limits, credits, now),
             }
         }
 
@@ -419,17 +464,24 @@ mod tests {
                 let holder = who % holders;
                 match step {
                     Step::Admit(c) => { w.admit(holder, u64::from(c), now); }
-                    Step::Refund(i) => w.refund(i, now),
+                    Step::Refund(i) => w.refund(holder, i, now),
                     Step::Stop => w.stop(holder, now),
                     Step::Die => w.die(holder),
                     Step::Sweep => w.sweep(now),
                 }
-                // Never more than the budget: the row and the leases hold no more than its
-                // capacity, and what is admitted and not refunded never exceeds what it
-                // supplied (its capacity and its refill so far).
+                // Never more than the budget: what is admitted and not refunded never
+                // exceeds what it supplied (its capacity and its refill so far), and a
+                // refilling row and its leases hold no more than its capacity (a burst).
                 let row = w.shared.refilled(limits, now);
-                prop_assert!(row.bucket.balance_micro + row.leased_micro <= limits.capacity_micro);
+                prop_assert!(row.bucket.balance_micro <= limits.capacity_micro);
                 prop_assert!(w.leased_remaining() <= row.leased_micro);
+                if refill > 0.0 {
+                    // As stored, before the next refill would clip it.
+                    prop_assert!(
+                        w.shared.bucket.balance_micro + w.shared.leased_micro
+                            <= limits.capacity_micro
+                    );
+                }
                 let supplied = i128::from(limits.capacity_micro)
                     + i128::from(limits.refill_milli_per_s) * i128::from(now);
                 let held = i128::from(w.admitted - w.refunded) * i128::from(MICRO);
