@@ -6,6 +6,7 @@
 
 mod common;
 
+use common::pg::Database;
 use common::server::{now_ms, post, Server};
 use serde_json::{json, Value};
 use std::path::Path;
@@ -152,45 +153,10 @@ fn four_hundred_callers_never_overshoot_a_group_budget_on_sqlite() {
     no_overshoot(std::slice::from_ref(&server.base));
 }
 
-/// A database of its own on the test server, dropped at the end.
-struct Database {
-    admin_url: String,
-    name: String,
-}
-
-impl Database {
-    fn create() -> Database {
-        let admin_url = std::env::var("TOLLGATE_TEST_POSTGRES")
-            .expect("TOLLGATE_TEST_POSTGRES names a PostgreSQL superuser URL");
-        let name = format!("tollgate_billing_{}", std::process::id());
-        let mut c = postgres::Client::connect(&admin_url, postgres::NoTls).unwrap();
-        c.batch_execute(&format!("DROP DATABASE IF EXISTS {name}"))
-            .unwrap();
-        c.batch_execute(&format!("CREATE DATABASE {name}")).unwrap();
-        Database { admin_url, name }
-    }
-
-    fn url(&self) -> String {
-        let (base, _) = self.admin_url.rsplit_once('/').unwrap();
-        format!("{base}/{}", self.name)
-    }
-}
-
-impl Drop for Database {
-    fn drop(&mut self) {
-        if let Ok(mut c) = postgres::Client::connect(&self.admin_url, postgres::NoTls) {
-            let _ = c.batch_execute(&format!(
-                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
-                self.name
-            ));
-        }
-    }
-}
-
 #[test]
 #[ignore = "needs PostgreSQL: .ci/run starts one and runs this with --ignored"]
 fn four_hundred_callers_never_overshoot_a_group_budget_on_two_postgres_replicas() {
-    let db = Database::create();
+    let db = Database::create("billing");
     let dir = tempfile::tempdir().unwrap();
     let start = |n: usize| {
         Server::start_on(

@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 use std::collections::HashSet;
 use tollgate::engine::{Completion, CompletionError, Page, Reconciliation};
 use tollgate::model::{CallResult, OpState};
-use tollgate::store::{SqliteStore, Store, Tx};
+use tollgate::store::{SqliteStore, Store};
 
 const DAY_MS: i64 = 86_400_000;
 

@@ -143,13 +143,8 @@ fn a_repeated_call_gets_its_first_answer_back_plain_and_streamed() {
 #[test]
 #[ignore = "needs PostgreSQL: .ci/run sets TOLLGATE_TEST_POSTGRES and runs it with --ignored"]
 fn a_repeated_call_is_replayed_by_another_replica() {
-    let url = std::env::var("TOLLGATE_TEST_POSTGRES").expect("TOLLGATE_TEST_POSTGRES");
-    let name = format!("tollgate_replay_{}", std::process::id());
-    let mut c = postgres::Client::connect(&url, postgres::NoTls).unwrap();
-    c.batch_execute(&format!("DROP DATABASE IF EXISTS {name}"))
-        .unwrap();
-    c.batch_execute(&format!("CREATE DATABASE {name}")).unwrap();
-    let db = format!("{}/{name}", url.rsplit_once('/').unwrap().0);
+    let database = common::pg::Database::create("replay");
+    let db = database.url();
     let stub = Stub::start();
     let dir = tempfile::tempdir().unwrap();
     let config = config(&stub, true);
@@ -159,5 +154,4 @@ fn a_repeated_call_is_replayed_by_another_replica() {
     replayed_once(&stub, &b.base, &a.base, "stream-pg", true);
     assert!(a.stop().success());
     assert!(b.stop().success());
-    let _ = c.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"));
 }

@@ -9,6 +9,7 @@
 
 mod common;
 
+use common::pg::{server_url, Database};
 use common::server::{now_ms, post, Server};
 use serde_json::{json, Value};
 use std::collections::HashSet;
@@ -17,45 +18,6 @@ use std::path::Path;
 const CALLER: &str = "acme-key";
 const SLOTTY: &str = "slotty-key";
 const ADMIN: &str = "admin-key";
-
-fn server_url() -> String {
-    std::env::var("TOLLGATE_TEST_POSTGRES")
-        .expect("TOLLGATE_TEST_POSTGRES names a PostgreSQL superuser URL")
-}
-
-/// A database of its own for one test, dropped at the end.
-struct Database {
-    admin_url: String,
-    name: String,
-}
-
-impl Database {
-    fn create(tag: &str) -> Database {
-        let admin_url = server_url();
-        let name = format!("tollgate_{tag}_{}", std::process::id());
-        let mut c = postgres::Client::connect(&admin_url, postgres::NoTls).unwrap();
-        c.batch_execute(&format!("DROP DATABASE IF EXISTS {name}"))
-            .unwrap();
-        c.batch_execute(&format!("CREATE DATABASE {name}")).unwrap();
-        Database { admin_url, name }
-    }
-
-    fn url(&self) -> String {
-        let (base, _) = self.admin_url.rsplit_once('/').unwrap();
-        format!("{base}/{}", self.name)
-    }
-}
-
-impl Drop for Database {
-    fn drop(&mut self) {
-        if let Ok(mut c) = postgres::Client::connect(&self.admin_url, postgres::NoTls) {
-            let _ = c.batch_execute(&format!(
-                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
-                self.name
-            ));
-        }
-    }
-}
 
 /// A replica: `tollgate serve` on the shared database, with the replicas' configuration.
 fn replica(dir: &Path, n: usize, db: &str) -> Server {

@@ -140,16 +140,13 @@ fn probe(
     let connections = connections.clamp(1, PROBE_LIMIT as usize);
     let per_connection = (2 * PROBE_LIMIT).div_ceil(connections as u64);
     rt.block_on(async {
-        let mut tasks = tokio::task::JoinSet::new();
-        for c in 0..connections {
-            let addr = addrs[c % addrs.len()];
-            let first = c as u64 * per_connection;
-            tasks.spawn(async move {
-                drive(addr, tenants, first, per_connection, Some(PROBE_MODEL))
-                    .await
-                    .map_err(|e| format!("probe connection {c}: {e}"))
-            });
-        }
+        let mut tasks = drivers(
+            addrs,
+            tenants,
+            connections,
+            per_connection,
+            Some(PROBE_MODEL),
+        );
         let (mut sent, mut refused) = (0, 0);
         while let Some(done) = tasks.join_next().await {
             let (l, e) = done.map_err(|e| e.to_string())??;
@@ -370,16 +367,7 @@ fn load(
     rt.block_on(async {
         let machine_before = MachineTicks::read();
         let started = Instant::now();
-        let mut tasks = tokio::task::JoinSet::new();
-        for c in 0..connections.max(1) {
-            let addr = addrs[c % addrs.len()];
-            let first = c as u64 * per_connection;
-            tasks.spawn(async move {
-                drive(addr, tenants, first, per_connection, None)
-                    .await
-                    .map_err(|e| format!("connection {c}: {e}"))
-            });
-        }
+        let mut tasks = drivers(addrs, tenants, connections.max(1), per_connection, None);
         let mut latencies = Vec::with_capacity(requests as usize);
         let mut errors = 0;
         while let Some(done) = tasks.join_next().await {
@@ -410,6 +398,28 @@ fn load(
             shared_budget: None,
         })
     })
+}
+
+/// `connections` tasks driving `per_connection` admissions each (naming `model` when
+/// given), spread over `addrs` in turn; each answers its latencies and how many were not 200.
+fn drivers(
+    addrs: &[std::net::SocketAddr],
+    tenants: u32,
+    connections: usize,
+    per_connection: u64,
+    model: Option<&'static str>,
+) -> tokio::task::JoinSet<Result<(Vec<f64>, u64), String>> {
+    let mut tasks = tokio::task::JoinSet::new();
+    for c in 0..connections {
+        let addr = addrs[c % addrs.len()];
+        let first = c as u64 * per_connection;
+        tasks.spawn(async move {
+            drive(addr, tenants, first, per_connection, model)
+                .await
+                .map_err(|e| format!("connection {c}: {e}"))
+        });
+    }
+    tasks
 }
 
 /// One connection's requests: admissions `first..first + count`, each for tenant `n % tenants`

@@ -14,6 +14,7 @@ mod engine_helpers;
 pub use engine_helpers::{engine, engine_on, policy_bytes, request};
 
 pub mod http;
+pub mod pg;
 pub mod server;
 pub mod stub;
 

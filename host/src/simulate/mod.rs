@@ -15,6 +15,7 @@
 
 pub mod arrivals;
 mod deployment;
+mod events;
 pub mod file;
 mod recorder;
 mod rng;

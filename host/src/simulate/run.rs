@@ -4,6 +4,7 @@
 
 use super::arrivals::{Arrival, Load};
 use super::deployment::{Deployment, Taken};
+use super::events::{Call, Event, Timed};
 use super::file::{Callers, Distribution, OnRefusal, Simulation};
 use super::recorder::{Ending, Recorder};
 use super::rng::Rng;
@@ -16,7 +17,6 @@ use crate::model::{CallResult, Request, Route, Usage};
 use crate::reason::Outcome;
 use crate::store::{Store, StoreError};
 use crate::Engine;
-use std::cmp::Ordering;
 use std::collections::{BTreeMap, BinaryHeap};
 
 /// What one run produced.
@@ -28,74 +28,6 @@ pub struct RunResult {
     pub series: Series,
     /// Tenant names, in the series' order.
     pub tenants: Vec<String>,
-}
-
-/// How a provider call ends.
-#[derive(Clone, Copy, Debug)]
-enum Call {
-    Succeeded {
-        output_tokens: u64,
-    },
-    Failed {
-        kind: &'static str,
-        retry_after_ms: Option<u64>,
-    },
-    Unknown {
-        output_tokens: u64,
-    },
-}
-
-#[derive(Debug)]
-enum Event {
-    /// A caller (re)asks for admission.
-    Admit(u32),
-    /// A provider call ends.
-    CallEnd {
-        op: u32,
-        attempt: u32,
-        worker: Option<u32>,
-        /// Whether the call held one of the provider's places.
-        held: bool,
-        /// The simulated deployment it was sent to, and whether it held one of its places.
-        deployment: Option<(usize, bool)>,
-        /// What the deployment's answer said of its limits.
-        limits: Option<ProviderLimits>,
-        call: Call,
-    },
-    /// An unknown call is found to have succeeded.
-    Reconcile {
-        op: u32,
-        attempt: u32,
-        output_tokens: u64,
-    },
-    /// A worker asks for work.
-    Poll(u32),
-    /// The time series take a point.
-    Sample,
-}
-
-struct Timed {
-    t: i64,
-    seq: u64,
-    event: Event,
-}
-
-impl PartialEq for Timed {
-    fn eq(&self, other: &Self) -> bool {
-        (self.t, self.seq) == (other.t, other.seq)
-    }
-}
-impl Eq for Timed {}
-impl PartialOrd for Timed {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl Ord for Timed {
-    /// Reversed: the heap pops the earliest event, ties in the order they were made.
-    fn cmp(&self, other: &Self) -> Ordering {
-        (other.t, other.seq).cmp(&(self.t, self.seq))
-    }
 }
 
 /// One operation's life as the simulation sees it.
