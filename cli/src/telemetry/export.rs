@@ -39,10 +39,19 @@ pub static SPANS: LazyLock<prometheus::IntCounterVec> = LazyLock::new(|| {
     counter
 });
 
+/// What the queue carries to the sending thread.
+#[derive(Debug)]
+enum Message {
+    /// An ended, sampled span.
+    Span(Box<SpanData>),
+    /// Send what is queued and stop (the thread may be waiting with nothing to send).
+    Close,
+}
+
 /// The span processor: ended, sampled spans into the queue; the thread does the rest.
 #[derive(Debug)]
 pub struct Bounded {
-    queue: SyncSender<SpanData>,
+    queue: SyncSender<Message>,
     closing: Arc<AtomicBool>,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
@@ -90,24 +99,33 @@ impl Bounded {
 }
 
 /// The sending thread: a batch goes when it is full or its first span has waited
-/// [`LINGER`]; what is queued when asked to close goes too.
+/// [`LINGER`]; what is queued when asked to close goes too. With nothing to send it waits
+/// for the next message and does not wake before.
 async fn send(
     exporter: opentelemetry_otlp::SpanExporter,
-    taken: Receiver<SpanData>,
+    taken: Receiver<Message>,
     closing: Arc<AtomicBool>,
 ) {
     let mut batch = Vec::with_capacity(BATCH);
     let mut since: Option<Instant> = None;
     loop {
-        let closed = closing.load(Ordering::Relaxed);
-        match taken.recv_timeout(Duration::from_millis(50)) {
-            Ok(span) => {
+        let message = match since {
+            None if !closing.load(Ordering::Relaxed) => taken
+                .recv()
+                .map_err(|_| std::sync::mpsc::RecvTimeoutError::Disconnected),
+            None => taken.recv_timeout(Duration::ZERO),
+            Some(t) => taken.recv_timeout(LINGER.saturating_sub(t.elapsed())),
+        };
+        match message {
+            Ok(Message::Span(span)) => {
                 since.get_or_insert_with(Instant::now);
-                batch.push(span);
+                batch.push(*span);
             }
+            Ok(Message::Close) => closing.store(true, Ordering::Relaxed),
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
             Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return,
         }
+        let closed = closing.load(Ordering::Relaxed);
         let due = since.is_some_and(|t| t.elapsed() >= LINGER);
         if batch.len() >= BATCH || (due || closed) && !batch.is_empty() {
             let spans = std::mem::replace(&mut batch, Vec::with_capacity(BATCH));
@@ -136,7 +154,7 @@ impl SpanProcessor for Bounded {
             return;
         }
         if let Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) =
-            self.queue.try_send(span)
+            self.queue.try_send(Message::Span(Box::new(span)))
         {
             SPANS.with_label_values(&["dropped_queue_full"]).inc();
         }
@@ -148,6 +166,8 @@ impl SpanProcessor for Bounded {
 
     fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
         self.closing.store(true, Ordering::Relaxed);
+        // Wakes a thread waiting with nothing to send; a full queue means it is not waiting.
+        let _ = self.queue.try_send(Message::Close);
         let Some(thread) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() else {
             return Ok(());
         };
