@@ -36,12 +36,30 @@ pub(crate) async fn read_body(
     }
 }
 
+/// A body that is one JSON object of `T`'s shape; a refusal says what the parser found.
 pub(crate) fn json_body<T: for<'de> Deserialize<'de>>(bytes: &Bytes) -> Result<T, Refusal> {
     let mut json = serde_json::Deserializer::from_slice(bytes);
     validate::from_object(&mut json)
         .and_then(|body| json.end().map(|()| body))
-        .map_err(|_| refuse(Rejection::InvalidRequest))
+        .map_err(|e| {
+            // What the parser found, and where, bounded: the caller's own input.
+            let mut why = e.to_string();
+            if why.len() > MAX_WHY_BYTES {
+                let cut = (0..=MAX_WHY_BYTES)
+                    .rev()
+                    .find(|&i| why.is_char_boundary(i))
+                    .unwrap_or(0);
+                why.truncate(cut);
+                why.push('…');
+            }
+            let mut refusal = refuse(Rejection::InvalidRequest);
+            refusal.message = format!("{} ({why})", refusal.message);
+            refusal
+        })
 }
+
+/// The most of a parser's message a refusal repeats.
+const MAX_WHY_BYTES: usize = 200;
 
 /// An operation key (or another name) from the path, percent-decoded; `None` when that is not UTF-8. It never
 /// refuses by itself, so that the key and role checks answer first (see [`check_key`]).
@@ -61,5 +79,38 @@ pub(crate) fn check_key(key: OpKey) -> Result<String, Refusal> {
     match key.0 {
         Some(k) if (1..=validate::MAX_KEY_CHARS).contains(&k.chars().count()) => Ok(k),
         _ => Err(refuse(Rejection::InvalidRequest)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Body {
+        n: u64,
+    }
+
+    #[test]
+    fn a_refused_body_says_what_was_wrong_and_where_within_bounds() {
+        let wrong = |text: String| match json_body::<Body>(&Bytes::from(text)) {
+            Ok(b) => panic!("{b:?} was taken"),
+            Err(r) => r.message,
+        };
+        let m = wrong(r#"{"n": "seven"}"#.into());
+        assert!(
+            m.starts_with("invalid_request: the request is malformed ("),
+            "{m}"
+        );
+        assert!(m.contains("invalid type") && m.contains("column"), "{m}");
+        let m = wrong(r#"{"n": 1, "extra": 2}"#.into());
+        assert!(m.contains("unknown field `extra`"), "{m}");
+        let m = wrong(format!(r#"{{"{}é": 1}}"#, "x".repeat(500)));
+        assert!(m.len() < 400 && m.ends_with("…)"), "{m}");
+        assert!(matches!(
+            json_body::<Body>(&Bytes::from(r#"{"n": 7}"#)),
+            Ok(Body { n: 7 })
+        ));
     }
 }
