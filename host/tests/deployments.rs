@@ -415,3 +415,34 @@ fn a_call_admitted_before_deployments_completes_after_them_and_holds_none() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_deployment_budget_crossing_a_threshold_writes_its_alert() {
+    let file = ConfigFile::from_json(&json!({
+        "global": {"requests": {"capacity": 100000, "refill_per_s": 0}, "concurrency": 1000},
+        "tenant_defaults": {"requests": {"capacity": 100000, "refill_per_s": 0},
+                            "tokens": {"capacity": 100000000, "refill_per_s": 0}},
+        "tenants": {"acme": {}},
+        "alerts": [{"budget": "deployment.m.*", "at": [0.5, 1.0],
+                    "webhook": "http://127.0.0.1:9/hook"}],
+        "gateway": {
+            "upstreams": {"one": {"base_url": "http://127.0.0.1:1/v1"}},
+            "models": {"m": {"deployments": [{"name": "a", "upstream": "one",
+                "requests": {"capacity": 4, "refill_per_s": 0}}]}},
+        },
+    }))
+    .unwrap();
+    let e = engine_on(file, SqliteStore::in_memory().unwrap());
+    let admitted = |key: &str| admit(&e, &call(key, "m"), 1_000).http;
+    assert_eq!(admitted("k1"), 200);
+    assert_eq!(e.pending_alerts().unwrap(), 0);
+    // Half of the deployment's requests spent: one alert; all of them: another.
+    assert_eq!(admitted("k2"), 200);
+    assert_eq!(e.pending_alerts().unwrap(), 1);
+    assert_eq!(admitted("k3"), 200);
+    assert_eq!(admitted("k4"), 200);
+    assert_eq!(e.pending_alerts().unwrap(), 2);
+    // Refused: nothing spent, nothing crossed.
+    assert_ne!(admitted("k5"), 200);
+    assert_eq!(e.pending_alerts().unwrap(), 2);
+}

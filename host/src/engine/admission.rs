@@ -164,7 +164,7 @@ impl<S: Store> Engine<S> {
         let deployment = match deployment {
             Some(chosen) => {
                 let name = chosen.name.clone();
-                chosen.apply(tx)?;
+                chosen.apply(tx, &self.config().alerts, now_ms)?;
                 Some(name)
             }
             None => None,

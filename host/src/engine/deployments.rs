@@ -16,6 +16,7 @@
 //! - consecutive failures, ejections in a row and the learned limit are counts in slot rows.
 
 use super::budgets::{BucketRef, Refusal};
+use crate::alerts::{crossings, AlertRule};
 use crate::bucket::{self, Limits, Shortage};
 use crate::config::{Concurrency, Config, Deployment, Routing};
 use crate::explain::{Shortfall, Unit};
@@ -217,7 +218,12 @@ impl<'a> DeploymentBudgets<'a> {
                     if configured
                         || stored.is_some_and(|s| s.balance_micro < b.limits.capacity_micro)
                     {
-                        spends.push((b.name.clone(), next));
+                        spends.push(Spend {
+                            name: b.name.clone(),
+                            limits: b.limits,
+                            before: level,
+                            after: next,
+                        });
                     }
                 }
                 Err(shortage) => {
@@ -368,11 +374,19 @@ enum Check {
     },
 }
 
+/// One bucket of a deployment as the reservation leaves it.
+struct Spend {
+    name: String,
+    limits: Limits,
+    before: bucket::State,
+    after: bucket::State,
+}
+
 /// A deployment chosen and checked, not yet written: [`Chosen::apply`] reserves it.
 pub(crate) struct Chosen {
     pub model: String,
     pub name: String,
-    spends: Vec<(String, bucket::State)>,
+    spends: Vec<Spend>,
     slot: (String, u32),
     score: f64,
     /// For a probe: the pause row, and until when the probe holds the deployment.
@@ -380,10 +394,19 @@ pub(crate) struct Chosen {
 }
 
 impl Chosen {
-    /// Writes the deployment's spends and takes its slot (in the caller's transaction).
-    pub fn apply(self, tx: &mut dyn Tx) -> Result<(), StoreError> {
-        for (name, state) in &self.spends {
-            tx.set_bucket(name, *state)?;
+    /// Writes the deployment's spends, with the alerts of `rules` they cross, and takes its
+    /// slot (in the caller's transaction).
+    pub fn apply(
+        self,
+        tx: &mut dyn Tx,
+        rules: &[AlertRule],
+        now_ms: i64,
+    ) -> Result<(), StoreError> {
+        for s in &self.spends {
+            tx.set_bucket(&s.name, s.after)?;
+            for alert in crossings(rules, &s.name, s.limits, s.before, s.after, now_ms) {
+                tx.put_alert(&alert)?;
+            }
         }
         if let Some((pause, until_ms)) = &self.probe {
             let held = bucket::State {
