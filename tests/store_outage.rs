@@ -14,6 +14,7 @@
 
 mod common;
 
+use common::pg::Database;
 use common::server::{now_ms, Server};
 use common::stub::Stub;
 use serde_json::{json, Value};
@@ -27,10 +28,10 @@ const ADMIN: &str = "admin-key";
 #[test]
 #[ignore = "restarts PostgreSQL: .ci/run runs it alone with --ignored"]
 fn a_postgres_restart_under_load_answers_503_then_recovers_with_every_answer_kept() {
-    let url = std::env::var("TOLLGATE_TEST_POSTGRES").expect("TOLLGATE_TEST_POSTGRES");
     let restart =
         std::env::var("TOLLGATE_TEST_POSTGRES_RESTART").expect("TOLLGATE_TEST_POSTGRES_RESTART");
-    let (name, db) = fresh_database(&url, "restart");
+    let database = Database::create("outage_restart");
+    let db = database.url();
     let dir = tempfile::tempdir().unwrap();
     let config = json!({
         "auth": {"callers": {CALLER: "acme"}, "admins": [ADMIN]},
@@ -150,24 +151,6 @@ fn a_postgres_restart_under_load_answers_503_then_recovers_with_every_answer_kep
         }
     }
     assert!(s.stop().success());
-    drop_database(&url, &name);
-}
-
-/// A database of its own for one test: its name and URL.
-fn fresh_database(url: &str, test: &str) -> (String, String) {
-    let name = format!("tollgate_outage_{test}_{}", std::process::id());
-    let mut c = postgres::Client::connect(url, postgres::NoTls).unwrap();
-    c.batch_execute(&format!("DROP DATABASE IF EXISTS {name}"))
-        .unwrap();
-    c.batch_execute(&format!("CREATE DATABASE {name}")).unwrap();
-    let db = format!("{}/{name}", url.rsplit_once('/').unwrap().0);
-    (name, db)
-}
-
-fn drop_database(url: &str, name: &str) {
-    if let Ok(mut c) = postgres::Client::connect(url, postgres::NoTls) {
-        let _ = c.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"));
-    }
 }
 
 fn shell(command: &str) {
@@ -196,12 +179,12 @@ fn chat(base: &str, key: &str, content: &str) -> ureq::Response {
 #[test]
 #[ignore = "stops PostgreSQL: .ci/run runs it alone with --ignored"]
 fn a_gateway_answer_during_a_store_outage_reaches_its_caller_and_its_completion_is_kept() {
-    let url = std::env::var("TOLLGATE_TEST_POSTGRES").expect("TOLLGATE_TEST_POSTGRES");
     let stop_db =
         std::env::var("TOLLGATE_TEST_POSTGRES_STOP").expect("TOLLGATE_TEST_POSTGRES_STOP");
     let start_db =
         std::env::var("TOLLGATE_TEST_POSTGRES_START").expect("TOLLGATE_TEST_POSTGRES_START");
-    let (name, db) = fresh_database(&url, "gateway");
+    let database = Database::create("outage_gateway");
+    let db = database.url();
     let stub = Stub::start();
     let dir = tempfile::tempdir().unwrap();
     // One slot for the tenant: the next call is admitted only once the kept completion
@@ -297,5 +280,4 @@ fn a_gateway_answer_during_a_store_outage_reaches_its_caller_and_its_completion_
         assert!(metrics.contains(line), "{line} not in /metrics");
     }
     assert!(s.stop().success());
-    drop_database(&url, &name);
 }

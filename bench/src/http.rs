@@ -440,17 +440,15 @@ async fn drive(
     let mut errors = 0;
     let mut request = Vec::with_capacity(512);
     let mut buf = vec![0u8; 16 << 10];
+    let (prefix, named) = match model {
+        None => ("op", String::new()),
+        Some(m) => (m, format!(r#""model":"{m}","#)),
+    };
     for n in first..first + count {
-        let body = match model {
-            None => format!(
-                r#"{{"key":"op-{n}","route":"interactive","input_tokens":200,"max_output_tokens":300,"deadline_ms":{}}}"#,
-                i64::MAX
-            ),
-            Some(m) => format!(
-                r#"{{"key":"{m}-{n}","route":"interactive","model":"{m}","input_tokens":200,"max_output_tokens":300,"deadline_ms":{}}}"#,
-                i64::MAX
-            ),
-        };
+        let body = format!(
+            r#"{{"key":"{prefix}-{n}","route":"interactive",{named}"input_tokens":200,"max_output_tokens":300,"deadline_ms":{}}}"#,
+            i64::MAX
+        );
         request.clear();
         write!(
             request,

@@ -85,9 +85,18 @@ async fn relay(
     let _ = writer.await;
 }
 
+/// A proxy in front of the server `url` (a `postgres://` URL) names, adding `round_trip`,
+/// and the URL that reaches that server through it.
+pub fn in_front_of(url: &str, round_trip: Duration) -> Result<(Proxy, String), String> {
+    let (_, target) = through(url, SocketAddr::from(([127, 0, 0, 1], 0)))?;
+    let proxy = Proxy::start(target, round_trip)?;
+    let (via, _) = through(url, proxy.addr)?;
+    Ok((proxy, via))
+}
+
 /// `url` (a `postgres://` URL) with its host and port replaced by `addr`, and the host and
 /// port it named (`host:port`, 5432 when it names none).
-pub fn through(url: &str, addr: SocketAddr) -> Result<(String, String), String> {
+fn through(url: &str, addr: SocketAddr) -> Result<(String, String), String> {
     let rest = url
         .strip_prefix("postgres://")
         .or_else(|| url.strip_prefix("postgresql://"))

@@ -160,15 +160,12 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             let mut _proxy = None;
             let db = match (db, db_latency_ms) {
                 (Some(url), Some(ms)) if ms > 0.0 => {
-                    let (_, target) =
-                        tollgate_bench::latency::through(&url, "127.0.0.1:1".parse().unwrap())?;
-                    let proxy = tollgate_bench::latency::Proxy::start(
-                        target,
+                    let (proxy, via) = tollgate_bench::latency::in_front_of(
+                        &url,
                         std::time::Duration::from_secs_f64(ms / 1000.0),
                     )?;
-                    let (through, _) = tollgate_bench::latency::through(&url, proxy.addr)?;
                     _proxy = Some(proxy);
-                    Some(through)
+                    Some(via)
                 }
                 (None, Some(_)) => return Err("--db-latency-ms needs --db".into()),
                 (db, _) => db,

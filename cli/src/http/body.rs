@@ -45,11 +45,7 @@ pub(crate) fn json_body<T: for<'de> Deserialize<'de>>(bytes: &Bytes) -> Result<T
             // What the parser found, and where, bounded: the caller's own input.
             let mut why = e.to_string();
             if why.len() > MAX_WHY_BYTES {
-                let cut = (0..=MAX_WHY_BYTES)
-                    .rev()
-                    .find(|&i| why.is_char_boundary(i))
-                    .unwrap_or(0);
-                why.truncate(cut);
+                why.truncate(why.floor_char_boundary(MAX_WHY_BYTES));
                 why.push('…');
             }
             let mut refusal = refuse(Rejection::InvalidRequest);

@@ -10,6 +10,7 @@
 use super::budgets::Budgets;
 use super::Engine;
 use crate::config::{ConfigError, Role, TenantConfig};
+use crate::runtime::{hex, unhex32};
 use crate::store::{KeyRole, Store, StoreError, StoredKey, Tx};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
@@ -124,21 +125,6 @@ const MAX_WORKER_NAME_BYTES: usize = 255;
 
 fn sha256(key: &str) -> [u8; 32] {
     Sha256::digest(key.as_bytes()).into()
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn unhex(text: &str) -> Option<[u8; 32]> {
-    let mut out = [0u8; 32];
-    if text.len() != 64 {
-        return None;
-    }
-    for (i, byte) in out.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(text.get(2 * i..2 * i + 2)?, 16).ok()?;
-    }
-    Some(out)
 }
 
 /// `n` bytes from the operating system's random source.
@@ -509,7 +495,7 @@ impl<S: Store> Engine<S> {
         let table: KeyTable = snapshot
             .keys
             .iter()
-            .filter_map(|k| Some((unhex(&k.sha256)?, KeyInfo::of(k))))
+            .filter_map(|k| Some((unhex32(&k.sha256)?, KeyInfo::of(k))))
             .collect();
         *self.keys.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(table);
         self.directory_generation
@@ -690,8 +676,8 @@ mod tests {
     #[test]
     fn hashes_round_trip_through_hex() {
         let h = sha256("acme-key");
-        assert_eq!(unhex(&hex(&h)), Some(h));
-        assert_eq!(unhex("zz"), None);
-        assert_eq!(unhex(&"g".repeat(64)), None);
+        assert_eq!(unhex32(&hex(&h)), Some(h));
+        assert_eq!(unhex32("zz"), None);
+        assert_eq!(unhex32(&"g".repeat(64)), None);
     }
 }

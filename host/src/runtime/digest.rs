@@ -32,6 +32,25 @@ pub fn hex(bytes: &[u8]) -> String {
     out
 }
 
+/// The 32 bytes that 64 lower-case hex digits spell, as [`hex`] writes them (upper case
+/// would not be written back the same).
+pub fn unhex32(text: &str) -> Option<[u8; 32]> {
+    let digit = |c: u8| match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        _ => None,
+    };
+    let b = text.as_bytes();
+    if b.len() != 64 {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = digit(b[2 * i])? << 4 | digit(b[2 * i + 1])?;
+    }
+    Some(out)
+}
+
 impl fmt::Debug for PolicyDigest {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "PolicyDigest({self})")

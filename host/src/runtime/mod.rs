@@ -41,7 +41,7 @@ mod world_v1;
 mod world_v3;
 
 pub use compiled_cache::CompiledCache;
-pub use digest::{hex, PolicyDigest};
+pub use digest::{hex, unhex32, PolicyDigest};
 pub use host::{log_lines_dropped, LOG_LINES_PER_CALL, MAX_LOG_LINE_BYTES};
 pub use sealed_wasi::{contexts_made as wasi_contexts_made, MAX_OUTPUT_BYTES};
 pub use view::{DecisionView, Jitter, Params};

@@ -18,6 +18,7 @@ use serde_json::{Map, Number, Value};
 
 use super::StoreError;
 use crate::model::Operation;
+use crate::runtime;
 
 /// The first byte of a packed record (a JSON record starts with `{`).
 const PACKED_V1: u8 = 1;
@@ -102,11 +103,6 @@ const ARRAY: u8 = 9;
 const OBJECT: u8 = 10;
 /// A field name not in [`FIELDS`], written in full after this code.
 const NAMED: u8 = 0xFF;
-
-/// A record as SQLite keeps it.
-pub fn to_sqlite(op: &Operation) -> Result<rusqlite::types::Value, StoreError> {
-    Ok(rusqlite::types::Value::Blob(pack(op)?))
-}
 
 /// Reads a record from a SQLite row, either form.
 pub fn from_sqlite(
@@ -236,7 +232,7 @@ fn write_str(out: &mut Vec<u8>, s: &str) {
     }
     if s.len() >= 64 {
         let (prefix, tail) = s.split_at(s.len() - 64);
-        if let Some(digest) = hex32(tail) {
+        if let Some(digest) = runtime::unhex32(tail) {
             out.push(DIGEST);
             write_str(out, prefix);
             out.extend_from_slice(&digest);
@@ -246,21 +242,6 @@ fn write_str(out: &mut Vec<u8>, s: &str) {
     out.push(STR);
     write_varint(out, s.len() as u64);
     out.extend_from_slice(s.as_bytes());
-}
-
-/// The 32 bytes 64 lowercase hex digits spell (uppercase would not come back the same).
-fn hex32(s: &str) -> Option<[u8; 32]> {
-    let digit = |c: u8| match c {
-        b'0'..=b'9' => Some(c - b'0'),
-        b'a'..=b'f' => Some(c - b'a' + 10),
-        _ => None,
-    };
-    let b = s.as_bytes();
-    let mut out = [0u8; 32];
-    for (i, o) in out.iter_mut().enumerate() {
-        *o = digit(b[2 * i])? << 4 | digit(b[2 * i + 1])?;
-    }
-    Some(out)
 }
 
 /// Reads packed values; every read is bounded by the bytes left, so a damaged record is an
@@ -313,14 +294,8 @@ impl<'a> Reader<'a> {
                 .ok_or("unknown word"),
             DIGEST => {
                 let tag = self.byte()?;
-                const HEX: &[u8; 16] = b"0123456789abcdef";
-                let mut s = self.string(tag)?;
-                s.reserve(64);
-                for &b in self.take(32)? {
-                    s.push(char::from(HEX[usize::from(b >> 4)]));
-                    s.push(char::from(HEX[usize::from(b & 0xF)]));
-                }
-                Ok(s)
+                let prefix = self.string(tag)?;
+                Ok(prefix + &runtime::hex(self.take(32)?))
             }
             _ => Err("not a string"),
         }

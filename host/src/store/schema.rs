@@ -7,8 +7,8 @@ use super::StoreError;
 /// logged and folded now and then, see `bucket_log`): a host of version 1 would read stale
 /// balances from such a database, so it refuses it. PostgreSQL writes balances in place.
 /// SQLite's 3 and PostgreSQL's 2 added the queue's `priority` (dispatch bands). SQLite's 4
-/// and PostgreSQL's 3 pack finished operations' records (`record`), which an earlier host
-/// could not read: nothing else changes, so the upgrade is recording the version.
+/// and PostgreSQL's 3 pack operations' records (`record`), which an earlier host could not
+/// read: nothing else changes, so the upgrade is recording the version.
 pub const SQLITE_VERSION: i64 = 4;
 #[cfg(feature = "postgres")]
 pub const POSTGRES_VERSION: i64 = 3;

@@ -206,12 +206,12 @@ impl Tx for PgTx<'_> {
         *self.ops = OpCache::default();
         // Read and written back whole: a finished operation's record is packed, not JSON.
         let rows = self.client.query(&self.st.claimed_by, &[&from])?;
-        let claimed = rows.iter().map(operation).collect::<Result<Vec<_>, _>>()?;
-        for mut op in claimed.iter().cloned() {
+        for r in &rows {
+            let mut op = operation(r)?;
             op.worker = Some(to.to_string());
             self.put_operation(&op)?;
         }
-        Ok(claimed.len() as u64)
+        Ok(rows.len() as u64)
     }
     fn delete_operation(&mut self, tenant: &str, key: &str) -> Result<(), StoreError> {
         self.need_store()?;

@@ -14,6 +14,15 @@ pub(super) struct SqliteTx<'a> {
     pub(super) rows: &'a mut RowCache,
 }
 
+/// The operations of rows of `tenant, key, record`.
+fn operations_of(mut rows: rusqlite::Rows<'_>) -> Result<Vec<Operation>, StoreError> {
+    let mut out = Vec::new();
+    while let Some(r) = rows.next()? {
+        out.push(record::from_sqlite(r.get(0)?, r.get(1)?, r.get_ref(2)?)?);
+    }
+    Ok(out)
+}
+
 fn job_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<QueuedJob> {
     Ok(QueuedJob {
         tenant: r.get(0)?,
@@ -35,12 +44,8 @@ impl SqliteTx<'_> {
     ) -> Result<Vec<Operation>, StoreError> {
         let (tenant, key) = after.unwrap_or(("", ""));
         let mut st = self.tx.prepare_cached(sql)?;
-        let mut rows = st.query(params![tenant, key, limit])?;
-        let mut out = Vec::new();
-        while let Some(r) = rows.next()? {
-            out.push(record::from_sqlite(r.get(0)?, r.get(1)?, r.get_ref(2)?)?);
-        }
-        Ok(out)
+        let ops = operations_of(st.query(params![tenant, key, limit])?);
+        ops
     }
 }
 
@@ -107,7 +112,7 @@ impl Tx for SqliteTx<'_> {
     }
 
     fn put_operation(&mut self, op: &Operation) -> Result<(), StoreError> {
-        let record = record::to_sqlite(op)?;
+        let record = record::pack(op)?;
         let mut st = self.tx.prepare_cached(
             "INSERT INTO operations (tenant, key, state, worker, record) VALUES (?1, ?2, ?3, ?4, ?5)
              ON CONFLICT (tenant, key) DO UPDATE SET state = ?3, worker = ?4, record = ?5",
@@ -150,16 +155,11 @@ impl Tx for SqliteTx<'_> {
 
     fn rename_worker(&mut self, from: &str, to: &str) -> Result<u64, StoreError> {
         // Read and written back whole: a finished operation's record is packed, not JSON.
-        let mut claimed = Vec::new();
-        {
-            let mut st = self
-                .tx
-                .prepare_cached("SELECT tenant, key, record FROM operations WHERE worker = ?1")?;
-            let mut rows = st.query([from])?;
-            while let Some(r) = rows.next()? {
-                claimed.push(record::from_sqlite(r.get(0)?, r.get(1)?, r.get_ref(2)?)?);
-            }
-        }
+        let mut claimed = operations_of(
+            self.tx
+                .prepare_cached("SELECT tenant, key, record FROM operations WHERE worker = ?1")?
+                .query([from])?,
+        )?;
         for op in &mut claimed {
             op.worker = Some(to.to_string());
             self.put_operation(op)?;
@@ -189,12 +189,8 @@ impl Tx for SqliteTx<'_> {
         let mut st = self
             .tx
             .prepare_cached("SELECT tenant, key, record FROM operations ORDER BY tenant, key")?;
-        let mut rows = st.query([])?;
-        let mut out = Vec::new();
-        while let Some(r) = rows.next()? {
-            out.push(record::from_sqlite(r.get(0)?, r.get(1)?, r.get_ref(2)?)?);
-        }
-        Ok(out)
+        let ops = operations_of(st.query([])?);
+        ops
     }
 
     fn unfinished_claims(&mut self, worker: &str) -> Result<u32, StoreError> {
