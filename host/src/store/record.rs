@@ -230,8 +230,7 @@ fn write_str(out: &mut Vec<u8>, s: &str) {
         out.push(code as u8);
         return;
     }
-    if s.len() >= 64 {
-        let (prefix, tail) = s.split_at(s.len() - 64);
+    if let Some((prefix, tail)) = s.split_at_checked(s.len().saturating_sub(64)) {
         if let Some(digest) = runtime::unhex32(tail) {
             out.push(DIGEST);
             write_str(out, prefix);
@@ -406,6 +405,19 @@ mod tests {
         let json = serde_json::to_string(&op).unwrap();
         let back = unpack("t".into(), "k".into(), &pack(&op).unwrap()).unwrap();
         assert_eq!(serde_json::to_string(&back).unwrap(), json);
+    }
+
+    #[test]
+    fn long_text_that_is_not_a_digest_is_written_whole() {
+        let mut op = finished();
+        // 64 bytes from the end falls inside a character here.
+        op.body_ref = Some(format!("{}x", "é".repeat(40)));
+        op.result_ref = Some("A".repeat(64));
+        let back = unpack("t".into(), "k".into(), &pack(&op).unwrap()).unwrap();
+        assert_eq!(
+            (back.body_ref, back.result_ref),
+            (op.body_ref, op.result_ref)
+        );
     }
 
     #[test]
