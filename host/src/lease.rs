@@ -137,6 +137,11 @@ impl Shared {
             .add(limits, credits_micro(credits))
     }
 
+    /// As [`Shared::refund`], of micro-credits (what a lease could not take back).
+    pub fn refund_micro(self, limits: Limits, micro: i64, now_ms: i64) -> Self {
+        self.refilled(limits, now_ms).add(limits, micro.max(0))
+    }
+
     /// Adds `micro` to the row. A refilling row is capped at its capacity less what is leased
     /// out, so that a burst never finds more than the capacity in the row and the leases
     /// together; a row that never refills (a hard or a period budget) is capped at its

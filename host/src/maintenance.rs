@@ -20,6 +20,9 @@ use std::time::{Duration, Instant};
 
 /// How often a tenant, key or policy change made through another replica is looked for.
 pub const SYNC_EVERY: Duration = Duration::from_millis(250);
+/// How often a holder of leases renews its registration and expired leases go back
+/// (well inside [`crate::engine::LeaseKeep`]'s registration life of 3 s).
+pub const LEASES_EVERY: Duration = Duration::from_millis(500);
 /// How often the engine is swept.
 pub const SWEEP_EVERY: Duration = Duration::from_secs(1);
 /// The most time the sweeps of one round may take: a tenth of each second.
@@ -33,6 +36,7 @@ pub struct Maintenance<S: Store> {
     observer: Arc<dyn WriterObserver>,
     synced: Instant,
     swept: Instant,
+    leases_kept: Option<Instant>,
 }
 
 impl<S: Store> Maintenance<S> {
@@ -44,6 +48,7 @@ impl<S: Store> Maintenance<S> {
             observer,
             synced: now,
             swept: now,
+            leases_kept: None,
         }
     }
 
@@ -60,9 +65,58 @@ impl<S: Store> Maintenance<S> {
                 }
             }
         }
-        if self.swept.elapsed() >= SWEEP_EVERY {
+        if self
+            .leases_kept
+            .is_none_or(|at| at.elapsed() >= LEASES_EVERY)
+        {
+            self.leases_kept = Some(Instant::now());
+            self.keep_leases();
+        }
+        // Replicas that lease take turns: each sweeps once per live holder's second, so the
+        // store is swept about once a second whatever their number, and each sweep (which
+        // has the store to itself) stops the others' batches as rarely as one node's.
+        if self.swept.elapsed() >= SWEEP_EVERY * self.engine.live_lease_holders() {
             self.swept = Instant::now();
             self.sweep();
+        }
+    }
+
+    /// Renews the engine's registration as a holder of leases and returns expired ones, at
+    /// the store's time (an engine that holds no leases does nothing).
+    fn keep_leases(&self) {
+        if self.engine.lease_holder().is_none() {
+            return;
+        }
+        let now = match self.engine.store_clock_ms() {
+            Ok(Some(now)) => now,
+            Ok(None) => wall_clock_ms(),
+            Err(_) => return,
+        };
+        match self.engine.keep_leases(now) {
+            Ok(Some(kept)) if kept.returned > 0 => {
+                tracing::debug!(
+                    returned = kept.returned,
+                    live_holders = kept.live_holders,
+                    "expired leases given back"
+                )
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "leases could not be kept"),
+        }
+    }
+
+    /// Gives back this engine's leases (a replica that stops), at the store's time.
+    pub fn stop_leases(&self) {
+        if self.engine.lease_holder().is_none() {
+            return;
+        }
+        let now = match self.engine.store_clock_ms() {
+            Ok(Some(now)) => now,
+            Ok(None) => wall_clock_ms(),
+            Err(_) => return,
+        };
+        if let Err(e) = self.engine.stop_leases(now) {
+            tracing::warn!(error = %e, "leases could not be given back: they expire on their own");
         }
     }
 

@@ -318,7 +318,8 @@ impl<S: Store> Engine<S> {
         let Some(tenant) = config.tenant(&req.tenant) else {
             return Ok(Err(Decision::rejected(Reason::UnknownTenant, None)));
         };
-        let budgets = Budgets::for_request(&config, &req.tenant, tenant, req.model.as_deref());
+        let budgets = Budgets::for_request(&config, &req.tenant, tenant, req.model.as_deref())
+            .held_by(self.holder());
         if let Some(b) = budgets.token_buckets().find(|b| b.never_fits(reserved)) {
             let never = b.never_fits_shortfall(reserved);
             return Ok(Err(with_policy(
@@ -435,7 +436,8 @@ impl<S: Store> Engine<S> {
         };
         let config = self.config();
         for f in fallbacks {
-            let budgets = Budgets::for_request(&config, &req.tenant, tenant, Some(f));
+            let budgets =
+                Budgets::for_request(&config, &req.tenant, tenant, Some(f)).held_by(self.holder());
             if budgets
                 .token_buckets()
                 .any(|b| b.never_fits(planned.reserved))

@@ -392,6 +392,9 @@ impl<S: Store> Engine<S> {
         }
         hint.operations.sort();
         hint.operations.dedup();
+        if let Some(holder) = self.holder() {
+            holder.hint(&mut hint);
+        }
         hint
     }
 

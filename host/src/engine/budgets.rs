@@ -1,5 +1,6 @@
 //! The budgets one reservation touches, checked together and spent together.
 
+use super::leases::{self, Holder, RowWrite, SharedRow};
 use crate::alerts::{crossings, Alert, AlertRule};
 use crate::bucket::{self, Limits, Shortage};
 use crate::config::{Config, Price, TenantConfig};
@@ -27,11 +28,16 @@ impl BucketRef {
 
     pub fn bucket_level(&self, tx: &mut dyn Tx, now_ms: i64) -> Result<BucketLevel, StoreError> {
         let s = self.level(tx, now_ms)?;
-        Ok(BucketLevel {
-            available: s.whole_credits().max(0) as u64,
+        Ok(self.level_of(s.whole_credits().max(0) as u64))
+    }
+
+    /// This bucket's level as the policy sees it, with `available` credits.
+    pub fn level_of(&self, available: u64) -> BucketLevel {
+        BucketLevel {
+            available,
             capacity: (self.limits.capacity_micro / bucket::MICRO) as u64,
             refill_per_s: self.limits.refill_milli_per_s as f64 / 1000.0,
-        })
+        }
     }
 
     /// Whether `credits` can never fit this bucket, however long one waits.
@@ -93,6 +99,20 @@ pub(crate) fn release_slot(tx: &mut dyn Tx, scope: &str) -> Result<(), StoreErro
     tx.set_slots_in_use(scope, n.saturating_sub(1))
 }
 
+/// Releases one slot of the shared `slots` (its limit as configured): through `holder`'s
+/// lease when the engine holds leases, else as [`release_slot`].
+pub(crate) fn release_shared_slot(
+    tx: &mut dyn Tx,
+    holder: Option<&Holder>,
+    slots: &SlotRef,
+    now_ms: i64,
+) -> Result<(), StoreError> {
+    match holder {
+        Some(h) => h.refund(tx, SharedRow::Slots(slots), 1, now_ms),
+        None => release_slot(tx, &slots.scope),
+    }
+}
+
 /// A refusal: a bounded reason, the limit that was short and, when waiting can cure it,
 /// how long to wait.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -119,6 +139,10 @@ pub(crate) struct Needs {
 /// A checked reservation, not yet written: [`Reservation::apply`] spends it.
 pub(crate) struct Reservation {
     spends: Vec<(String, bucket::State)>,
+    /// What spends through leases write (leases, and shared rows when one is renewed).
+    leased: Vec<RowWrite>,
+    /// Whether the global slot was taken through a lease (its writes are in `leased`).
+    leased_global_slot: bool,
     /// Alerts the spends cross, written with them.
     alerts: Vec<Alert>,
     tenant_slot: Option<(String, u32)>,
@@ -137,6 +161,9 @@ impl Reservation {
         for (name, state) in &self.spends {
             tx.set_bucket(name, *state)?;
         }
+        for write in &self.leased {
+            write.apply(tx)?;
+        }
         for alert in &self.alerts {
             tx.put_alert(alert)?;
         }
@@ -144,7 +171,7 @@ impl Reservation {
             tx.set_slots_in_use(scope, in_use + 1)?;
         }
         Ok(Taken {
-            global_slot: self.global_slot.is_some(),
+            global_slot: self.global_slot.is_some() || self.leased_global_slot,
             tenant_slot: self.tenant_slot.is_some(),
         })
     }
@@ -172,9 +199,66 @@ pub(crate) struct Budgets {
     pub alerts: Arc<Vec<AlertRule>>,
     pub tenant_slots: Option<SlotRef>,
     pub global_slots: SlotRef,
+    /// The engine as a holder of leases on shared budgets, when it shares its store.
+    pub holder: Option<Arc<Holder>>,
 }
 
 impl Budgets {
+    /// These budgets reserved and refunded through `holder`'s leases (none: directly).
+    pub fn held_by(self, holder: Option<&Arc<Holder>>) -> Self {
+        Budgets {
+            holder: holder.cloned(),
+            ..self
+        }
+    }
+
+    /// The holder, when `b` is a shared budget it leases.
+    fn holder_of(&self, b: &BucketRef) -> Option<&Holder> {
+        self.holder
+            .as_deref()
+            .filter(|_| leases::is_shared_bucket(&b.name))
+    }
+
+    /// What the policy sees of bucket `b`: through this engine's leases when it holds them.
+    pub fn bucket_level(
+        &self,
+        tx: &mut dyn Tx,
+        b: &BucketRef,
+        now_ms: i64,
+    ) -> Result<BucketLevel, StoreError> {
+        match self.holder_of(b) {
+            Some(h) => {
+                let micro = h.level_micro(tx, SharedRow::Bucket(b), now_ms)?;
+                Ok(b.level_of((micro / bucket::MICRO).max(0) as u64))
+            }
+            None => b.bucket_level(tx, now_ms),
+        }
+    }
+
+    /// What the policy sees of the global slots: through this engine's lease when it holds
+    /// leases (a slot free in another holder's lease shows as taken).
+    pub fn global_slot_level(&self, tx: &mut dyn Tx, now_ms: i64) -> Result<SlotLevel, StoreError> {
+        let s = &self.global_slots;
+        match self.holder.as_deref() {
+            Some(h) => {
+                let free = h.level_micro(tx, SharedRow::Slots(s), now_ms)? / bucket::MICRO;
+                Ok(SlotLevel {
+                    in_use: (i64::from(s.limit) - free).clamp(0, i64::from(u32::MAX)) as u32,
+                    limit: s.limit,
+                })
+            }
+            None => s.level(tx),
+        }
+    }
+
+    /// The global concurrency scope and its limit.
+    pub fn global_slots(config: &Config) -> SlotRef {
+        SlotRef {
+            scope: names::GLOBAL_SLOTS.into(),
+            limit: config.global_concurrency,
+        }
+    }
+
     pub fn global_requests(config: &Config) -> BucketRef {
         BucketRef {
             name: names::GLOBAL_REQUESTS.into(),
@@ -304,10 +388,8 @@ impl Budgets {
                 scope: names::tenant_slots(name),
                 limit,
             }),
-            global_slots: SlotRef {
-                scope: names::GLOBAL_SLOTS.into(),
-                limit: config.global_concurrency,
-            },
+            global_slots: Self::global_slots(config),
+            holder: None,
         }
     }
 
@@ -349,14 +431,18 @@ impl Budgets {
         cost_microusd: u64,
         now_ms: i64,
     ) -> Result<(), StoreError> {
-        if tokens > 0 {
-            for b in self.token_buckets() {
-                b.refund(tx, tokens, now_ms)?;
+        let each = [(tokens, self.token_buckets().collect::<Vec<_>>())]
+            .into_iter()
+            .chain([(cost_microusd, self.cost_buckets().collect())]);
+        for (credits, buckets) in each {
+            if credits == 0 {
+                continue;
             }
-        }
-        if cost_microusd > 0 {
-            for b in self.cost_buckets() {
-                b.refund(tx, cost_microusd, now_ms)?;
+            for b in buckets {
+                match self.holder_of(b) {
+                    Some(h) => h.refund(tx, SharedRow::Bucket(b), credits, now_ms)?,
+                    None => b.refund(tx, credits, now_ms)?,
+                }
             }
         }
         Ok(())
@@ -385,6 +471,8 @@ impl Budgets {
         needs: &Needs,
     ) -> Result<Result<Reservation, Refusal>, StoreError> {
         let mut spends: Vec<(String, bucket::State)> = Vec::new();
+        let mut leased: Vec<RowWrite> = Vec::new();
+        let mut leased_global_slot = false;
         let mut alerts: Vec<Alert> = Vec::new();
         let mut short: Vec<Reason> = Vec::new();
         let mut first_shortfall: Option<Shortfall> = None;
@@ -425,9 +513,38 @@ impl Budgets {
             }
         }
         for (b, credits, reason, unit) in buckets {
-            let level = b.level(tx, now_ms)?;
-            match level.spend(b.limits, credits) {
-                Ok(next) => {
+            let spent = match self.holder_of(b) {
+                Some(h) => match h.spend(tx, SharedRow::Bucket(b), credits, now_ms)? {
+                    leases::Taken::Spent {
+                        writes,
+                        before_micro,
+                        after_micro,
+                    } => {
+                        leased.extend(writes);
+                        let at = |balance_micro| bucket::State {
+                            balance_micro,
+                            updated_ms: now_ms,
+                        };
+                        Ok((at(before_micro), at(after_micro)))
+                    }
+                    leases::Taken::Short {
+                        available_micro,
+                        shortage,
+                    } => Err((available_micro / bucket::MICRO, shortage)),
+                },
+                None => {
+                    let level = b.level(tx, now_ms)?;
+                    match level.spend(b.limits, credits) {
+                        Ok(next) => {
+                            spends.push((b.name.clone(), next));
+                            Ok((level, next))
+                        }
+                        Err(shortage) => Err((level.whole_credits(), shortage)),
+                    }
+                }
+            };
+            match spent {
+                Ok((level, next)) => {
                     if !self.alerts.is_empty() {
                         alerts.extend(crossings(
                             &self.alerts,
@@ -438,14 +555,13 @@ impl Budgets {
                             now_ms,
                         ));
                     }
-                    spends.push((b.name.clone(), next))
                 }
-                Err(shortage) => {
+                Err((available, shortage)) => {
                     short.push(reason);
                     first_shortfall.get_or_insert_with(|| Shortfall {
                         limit: b.name.clone(),
                         requested: credits,
-                        available: level.whole_credits().max(0) as u64,
+                        available: available.max(0) as u64,
                         unit,
                         capacity: None,
                         output_tokens: None,
@@ -469,12 +585,32 @@ impl Budgets {
                 }
                 tenant_in_use = Some(n);
             }
-            let n = tx.slots_in_use(&self.global_slots.scope)?;
-            if n >= self.global_slots.limit {
-                short.push(Reason::GlobalConcurrency);
-                first_shortfall.get_or_insert_with(|| self.global_slots.shortfall(n));
+            let global = &self.global_slots;
+            match self.holder.as_deref() {
+                Some(h) => match h.spend(tx, SharedRow::Slots(global), 1, now_ms)? {
+                    leases::Taken::Spent { writes, .. } => {
+                        leased.extend(writes);
+                        leased_global_slot = true;
+                    }
+                    leases::Taken::Short {
+                        available_micro, ..
+                    } => {
+                        short.push(Reason::GlobalConcurrency);
+                        let free = (available_micro / bucket::MICRO).max(0) as u32;
+                        first_shortfall.get_or_insert_with(|| {
+                            global.shortfall(global.limit.saturating_sub(free))
+                        });
+                    }
+                },
+                None => {
+                    let n = tx.slots_in_use(&global.scope)?;
+                    if n >= global.limit {
+                        short.push(Reason::GlobalConcurrency);
+                        first_shortfall.get_or_insert_with(|| global.shortfall(n));
+                    }
+                    global_in_use = Some(n);
+                }
             }
-            global_in_use = Some(n);
         }
 
         if let Some(&reason) = short.first() {
@@ -498,6 +634,8 @@ impl Budgets {
                 .zip(tenant_in_use)
                 .map(|(s, n)| (s.scope.clone(), n)),
             global_slot: global_in_use.map(|n| (self.global_slots.scope.clone(), n)),
+            leased,
+            leased_global_slot,
         }))
     }
 }

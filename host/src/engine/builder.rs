@@ -6,7 +6,7 @@
 use super::{Adopted, DirectoryApplied, DirectoryError, Engine, NoVerifier, SwapError, Verifier};
 use crate::config::ConfigFile;
 use crate::runtime::{builtin, Runtime};
-use crate::store::Store;
+use crate::store::{Store, StoreError};
 use std::sync::Arc;
 
 /// Why an engine could not start; nothing was written to the store before a policy or a
@@ -30,6 +30,9 @@ pub enum StartError {
     /// The configuration's tenants and keys could not be applied.
     #[error("applying the configuration's tenants and keys: {0}")]
     Directory(#[source] DirectoryError),
+    /// The store could not be asked whether other engines share it.
+    #[error("the store: {0}")]
+    Store(#[source] StoreError),
 }
 
 /// A started engine, and what its start found in the store.
@@ -123,6 +126,7 @@ impl EngineBuilder {
             .load(&bytes, config.policy_limits())
             .map_err(|e| policy_error(e.to_string()))?;
         let engine = Engine::new(config, store, runtime, Arc::new(policy));
+        engine.hold_leases_if_shared().map_err(StartError::Store)?;
         // The configured policy must pass the same checks as a swapped-in one; it is
         // already active, so nothing is switched (and there is nothing to roll back to).
         engine

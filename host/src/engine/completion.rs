@@ -2,7 +2,7 @@
 //! unknown outcome is never retried automatically, and retries keep the operation's key
 //! and deadline.
 
-use super::budgets::{release_slot, Budgets};
+use super::budgets::{release_shared_slot, release_slot, Budgets};
 use super::deployments::{self, AttemptEnd, DeploymentBudgets, ProviderLimits};
 use super::Engine;
 use crate::model::{names, CallResult, OpState, Operation, RetryVerdict, Route, Usage};
@@ -442,7 +442,8 @@ impl<S: Store> Engine<S> {
             ))?;
         }
         if op.holds_slot {
-            release_slot(tx, names::GLOBAL_SLOTS)?;
+            let global = Budgets::global_slots(&self.config());
+            release_shared_slot(tx, self.holder().map(|h| &**h), &global, now_ms)?;
             op.holds_slot = false;
         }
         if op.holds_tenant_slot {
@@ -464,7 +465,8 @@ impl<S: Store> Engine<S> {
                 self.config().tenant(&op.tenant),
             ) {
                 let budgets =
-                    Budgets::for_request(&self.config(), &op.tenant, t, op.model.as_deref());
+                    Budgets::for_request(&self.config(), &op.tenant, t, op.model.as_deref())
+                        .held_by(self.holder());
                 let used = u.input_tokens.saturating_add(u.output_tokens);
                 let unused = op.reserved_tokens.saturating_sub(used);
                 // The money used is what the reported usage costs at the model's price.

@@ -393,7 +393,8 @@ impl<S: Store> Engine<S> {
         let Some(tenant) = config.tenant(&job.tenant) else {
             return Ok(None);
         };
-        let budgets = Budgets::for_request(&config, &job.tenant, tenant, op.model.as_deref());
+        let budgets = Budgets::for_request(&config, &job.tenant, tenant, op.model.as_deref())
+            .held_by(self.holder());
         let cost = budgets.cost(
             op.input_tokens + op.optional_context_tokens,
             op.max_output_tokens,

@@ -18,6 +18,7 @@ mod dispatch;
 mod fingerprint;
 mod groups;
 mod housekeeping;
+mod leases;
 mod shadow;
 mod stored_policy;
 mod swap;
@@ -32,6 +33,7 @@ pub use deployments::{Health, HealthState, ProviderLimits};
 pub use directory::{DirectoryApplied, DirectoryError, KeyInfo};
 pub use dispatch::{Claim, DispatchAnswer, DispatchReason};
 pub use housekeeping::{OperationsPage, Page, Sweep, MOST_PER_PAGE};
+pub use leases::LeaseKeep;
 pub use shadow::{Disagreement, OutcomePair, PlanShape, ShadowReport, RECENT_DISAGREEMENTS};
 pub use stored_policy::Adopted;
 pub use swap::{NoVerifier, PolicyIdentity, SwapError, Verifier};
@@ -119,6 +121,9 @@ pub struct Engine<S: Store> {
     directory_generation: std::sync::atomic::AtomicI64,
     /// Where the next housekeeping sweep resumes.
     sweep_cursor: housekeeping::Cursor,
+    /// This engine as a holder of leases on shared budgets, once it serves from a store
+    /// other engines share ([`Engine::hold_leases`]).
+    holder: std::sync::OnceLock<Arc<leases::Holder>>,
 }
 
 /// How long a sender holds the alerts it took before another may take them again.
@@ -136,6 +141,11 @@ pub struct Inspection {
     /// what `buckets` shows).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub period_limits: BTreeMap<String, i64>,
+    /// Shared budget to the credits leased out of it to replicas (a slot scope as
+    /// `slots:<scope>`): what `buckets` and `slots` show is the shared rows' part alone.
+    /// Empty (and left out) unless replicas lease.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub leased: BTreeMap<String, i64>,
     /// Slot scope to calls in flight.
     pub slots: BTreeMap<String, u32>,
     /// Tenant to queued durable jobs, retries waiting included.
@@ -263,6 +273,7 @@ impl<S: Store> Engine<S> {
             keys: RwLock::default(),
             directory_generation: std::sync::atomic::AtomicI64::new(-1),
             sweep_cursor: housekeeping::Cursor::default(),
+            holder: std::sync::OnceLock::new(),
         }
     }
 
@@ -297,14 +308,24 @@ impl<S: Store> Engine<S> {
     /// stopping them, so the frequent checks for another replica's changes cost them nothing.
     fn read<T>(
         &self,
-        mut f: impl FnMut(&mut dyn Tx) -> Result<T, StoreError>,
+        f: impl FnMut(&mut dyn Tx) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
         let hint = crate::store::Prefetch {
             complete: true,
             ..Default::default()
         };
+        self.named(&hint, f)
+    }
+
+    /// Runs `f` in one transaction that names the rows `hint` lists (all it writes): on a
+    /// shared store it runs beside other replicas' batches that touch none of them.
+    fn named<T>(
+        &self,
+        hint: &crate::store::Prefetch,
+        mut f: impl FnMut(&mut dyn Tx) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
         let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
-        let mut answers = store.transaction_batch(1, &hint, |_, tx| f(tx))?;
+        let mut answers = store.transaction_batch(1, hint, |_, tx| f(tx))?;
         answers
             .pop()
             .unwrap_or_else(|| Err(StoreError::Schema("a read answered nothing".into())))
@@ -418,6 +439,7 @@ impl<S: Store> Engine<S> {
             buckets,
             resets_at,
             period_limits,
+            leased: self.leased_out(tx)?,
             slots,
             queues,
             queue_age_ms,
@@ -555,9 +577,9 @@ impl<S: Store> Engine<S> {
             (view.global_slots, view.tenant_slots) = (None, None);
             return Ok(view);
         };
-        let budgets = Budgets::for_request(&config, tenant, t, model);
+        let budgets = Budgets::for_request(&config, tenant, t, model).held_by(self.holder());
         let level = |tx: &mut dyn Tx, b: &Option<BucketRef>| match b {
-            Some(b) => b.bucket_level(tx, now_ms).map(Some),
+            Some(b) => budgets.bucket_level(tx, b, now_ms).map(Some),
             None => Ok(None),
         };
         Ok(DecisionView {
@@ -568,10 +590,10 @@ impl<S: Store> Engine<S> {
             now_ms,
             params: self.params.clone(),
             weight: t.weight,
-            global_requests: Some(budgets.global_requests.bucket_level(tx, now_ms)?),
+            global_requests: Some(budgets.bucket_level(tx, &budgets.global_requests, now_ms)?),
             tenant_requests: Some(budgets.tenant_requests.bucket_level(tx, now_ms)?),
             tenant_tokens: Some(budgets.tenant_tokens.bucket_level(tx, now_ms)?),
-            global_slots: Some(budgets.global_slots.level(tx)?),
+            global_slots: Some(budgets.global_slot_level(tx, now_ms)?),
             tenant_slots: match &budgets.tenant_slots {
                 Some(s) => Some(s.level(tx)?),
                 None => None,

@@ -249,6 +249,8 @@ impl Writer {
                     };
                     deliver(replies, answers, &batch, &observer);
                 }
+                // A replica that stops gives its unused leases to the others at once.
+                housekeeping.stop_leases();
             })
             .expect("spawn the writer thread");
         (Writer { intake, health }, handle)
