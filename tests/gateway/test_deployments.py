@@ -165,7 +165,11 @@ class Deployments(unittest.TestCase):
         # Healthy again: after the cool-down one probe decides, and traffic comes back.
         control(self.stubs["flaky"], mode="ok")
         time.sleep(5.2)
-        back = [self.call("pair").headers["x-tollgate-deployment"] for _ in range(6)]
+        # The pick between the two is by weight, so the probe comes when a call lands on
+        # flaky: within 40 calls but for odds of about one in a trillion.
+        back = []
+        while "flaky" not in back and len(back) < 40:
+            back.append(self.call("pair").headers["x-tollgate-deployment"])
         self.assertIn("flaky", back)
         self.assertEqual(
             self.admin("/v1/admin/inspect")["deployments"]["deployment.pair.flaky"]["state"],
