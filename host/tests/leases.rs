@@ -186,3 +186,36 @@ fn a_holder_alone_reserves_from_the_shared_rows_as_an_engine_of_its_own_store() 
     assert!(seen.leased.is_empty());
     assert_eq!(seen.slots["global"], 5);
 }
+
+#[test]
+fn an_alert_on_a_leased_budget_never_comes_early() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config(json!({"capacity": 1e9, "refill_per_s": 1e9}), 10_000);
+    config["models"]["m"]["requests"]["capacity"] = json!(1000);
+    config["alerts"] =
+        json!([{"budget": "model.m.requests", "at": [0.5], "webhook": "http://127.0.0.1:9/"}]);
+    let (a, b) = two_holders(config, dir.path());
+    // 150 of 1,000 admitted (15%) within a second, so the leases grow with the demand and
+    // much of the budget sits in them: no threshold is crossed.
+    for n in 0..150 {
+        assert!(admit(
+            if n % 2 == 0 { &a } else { &b },
+            n,
+            Some("m"),
+            10 + n as i64
+        ));
+    }
+    let leased = a.inspect(200).unwrap().leased["model.m.requests"];
+    assert!(leased >= 100, "only {leased} leased");
+    assert_eq!(a.pending_alerts().unwrap(), 0, "an alert at 15% spent");
+    // Spent to the end, the half is crossed once.
+    for n in 150..1200 {
+        admit(
+            if n % 2 == 0 { &a } else { &b },
+            n,
+            Some("m"),
+            200 + n as i64,
+        );
+    }
+    assert_eq!(a.pending_alerts().unwrap(), 1);
+}

@@ -149,7 +149,11 @@ impl RowWrite {
 
 /// What taking credits from a shared budget came to.
 pub(crate) enum Taken {
-    /// The rows to write, and the level this holder sees before and after (micro-credits).
+    /// The rows to write, and the credits known unspent before and after (micro-credits):
+    /// the shared row's and all that is leased out, for alert thresholds. Credits leased
+    /// out count as unspent until their lease is given back, so an alert may come late by
+    /// at most what is leased out, never early; a spend from a lease alone changes nothing
+    /// known (both the same).
     Spent {
         writes: Vec<RowWrite>,
         before_micro: i64,
@@ -272,8 +276,8 @@ impl Holder {
                 writes.push(remaining_write(&self.id, &budget, next));
                 return Ok(Taken::Spent {
                     writes,
-                    before_micro: l.remaining_micro,
-                    after_micro: next.remaining_micro,
+                    before_micro: 0,
+                    after_micro: 0,
                 });
             }
         }
@@ -286,6 +290,8 @@ impl Holder {
         }
         let shared = shared.refilled(limits, now_ms);
         let level = shared.bucket.balance_micro;
+        let unspent = |s: Shared| s.bucket.balance_micro.saturating_add(s.leased_micro);
+        let known_before = unspent(was.refilled(limits, now_ms));
         let live = self.live.load(Ordering::Relaxed);
         let slice = if live > 1 {
             lease::size(level, live, demand, need)
@@ -301,8 +307,8 @@ impl Holder {
                     self.lease_writes(&budget, Some(spent), &mut writes);
                     return Ok(Taken::Spent {
                         writes,
-                        before_micro: level,
-                        after_micro: level - need,
+                        before_micro: known_before,
+                        after_micro: unspent(next).saturating_sub(need),
                     });
                 }
             }
@@ -314,8 +320,8 @@ impl Holder {
                 row.writes(was, next, &mut writes);
                 Ok(Taken::Spent {
                     writes,
-                    before_micro: level,
-                    after_micro: next.bucket.balance_micro,
+                    before_micro: known_before,
+                    after_micro: unspent(next),
                 })
             }
             Err(shortage) => Ok(Taken::Short {
