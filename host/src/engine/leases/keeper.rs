@@ -1,0 +1,344 @@
+//! Keeping leases: a holder's registration renewed, expired leases (its own, and a dead
+//! holder's) given back, the live holders counted, the list of holders rewritten when one
+//! joins or is forgotten, and a stopping holder's leases returned; with the engine's calls
+//! that run each in its transaction.
+
+use super::holder::Holder;
+use super::rows::{
+    granted_row, lease_row, lease_writes, leased_row, listed_holders, read_lease, registration_row,
+    slots_budget, SharedRow,
+};
+use super::{FORGET_AFTER_MS, HOLDERS_META, HOLDER_LIFE_MS};
+use crate::bucket::{State, MICRO};
+use crate::engine::budgets::{BucketRef, SlotRef};
+use crate::lease::Shared;
+use crate::model::names;
+use crate::store::{Prefetch, StoreError, Tx};
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+
+/// What one renewal of a holder did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LeaseKeep {
+    /// Holders whose registration is live, this one included.
+    pub live_holders: u32,
+    /// Expired leases given back to their shared rows (any holder's).
+    pub returned: u32,
+}
+
+impl Holder {
+    /// The rows [`Holder::keep`] names, so that it runs beside other holders' batches: the
+    /// holders' registrations and this holder's own leases.
+    pub fn keep_hint(&self, listed: &[String], budgets: &[SharedRow]) -> Prefetch {
+        let mut hint = Prefetch {
+            meta: vec![HOLDERS_META.to_string()],
+            complete: true,
+            ..Prefetch::default()
+        };
+        hint.buckets
+            .extend(listed.iter().chain([&self.id]).map(|h| registration_row(h)));
+        for row in budgets {
+            let budget = row.budget();
+            hint.buckets.push(lease_row(&self.id, &budget));
+            hint.buckets.push(granted_row(&self.id, &budget));
+        }
+        hint.buckets.sort();
+        hint.buckets.dedup();
+        hint
+    }
+
+    /// Renews this holder's registration, gives back its own expired leases and those of
+    /// holders whose registration lapsed (a dead holder's), and counts the live holders.
+    /// Reaches a shared row only to give a lease back to it. Says whether the list of
+    /// holders must change (this holder is not on it, or one lapsed long ago), which
+    /// [`Holder::relist`] does with the store to itself.
+    pub fn keep(
+        &self,
+        tx: &mut dyn Tx,
+        budgets: &[SharedRow],
+        now_ms: i64,
+    ) -> Result<(LeaseKeep, bool), StoreError> {
+        let listed = listed_holders(tx)?;
+        let lapses = now_ms.saturating_add(HOLDER_LIFE_MS);
+        tx.set_bucket(
+            &registration_row(&self.id),
+            State {
+                balance_micro: 0,
+                updated_ms: lapses,
+            },
+        )?;
+        let mut live = 1;
+        let mut relist = !listed.contains(&self.id);
+        let mut sweep = vec![self.id.clone()];
+        for holder in listed.iter().filter(|h| **h != self.id) {
+            let until = tx
+                .bucket(&registration_row(holder))?
+                .map_or(0, |r| r.updated_ms);
+            if until > now_ms {
+                live += 1;
+            } else {
+                sweep.push(holder.clone());
+                relist |= now_ms >= until.saturating_add(FORGET_AFTER_MS);
+            }
+        }
+        let mut returned = 0;
+        for row in budgets {
+            let budget = row.budget();
+            let mut shared: Option<(Shared, Shared)> = None;
+            let mut writes = Vec::new();
+            for holder in &sweep {
+                let Some(l) = read_lease(tx, holder, &budget)? else {
+                    continue;
+                };
+                if !l.expired(now_ms) {
+                    continue;
+                }
+                let (was, current) = match shared {
+                    Some(s) => s,
+                    None => {
+                        let was = row.read(tx, now_ms)?;
+                        (was, was)
+                    }
+                };
+                shared = Some((was, current.give_back(row.limits(), l, now_ms)));
+                lease_writes(holder, &budget, None, &mut writes);
+                returned += 1;
+            }
+            if let Some((was, s)) = shared {
+                self.saw(
+                    &budget,
+                    s.refilled(row.limits(), now_ms).bucket.balance_micro,
+                );
+                row.writes(was, s, &mut writes);
+            }
+            writes.iter().try_for_each(|w| w.apply(tx))?;
+        }
+        self.live.store(live, Ordering::Relaxed);
+        Ok((
+            LeaseKeep {
+                live_holders: live,
+                returned,
+            },
+            relist,
+        ))
+    }
+
+    /// Refreshes what this holder's policy is shown of each shared row while it leases.
+    pub fn look(
+        &self,
+        tx: &mut dyn Tx,
+        budgets: &[SharedRow],
+        now_ms: i64,
+    ) -> Result<(), StoreError> {
+        for row in budgets {
+            let level = row.read(tx, now_ms)?.refilled(row.limits(), now_ms);
+            self.saw(&row.budget(), level.bucket.balance_micro);
+        }
+        Ok(())
+    }
+
+    /// Rewrites the list of holders (with the store to itself): this one on it, and those
+    /// lapsed for long, whose leases the sweep has returned, off it.
+    pub fn relist(&self, tx: &mut dyn Tx, now_ms: i64) -> Result<(), StoreError> {
+        let mut listed = listed_holders(tx)?;
+        let mut kept = Vec::with_capacity(listed.len() + 1);
+        for holder in listed.drain(..) {
+            let until = tx
+                .bucket(&registration_row(&holder))?
+                .map_or(0, |r| r.updated_ms);
+            if holder == self.id || now_ms < until.saturating_add(FORGET_AFTER_MS) {
+                kept.push(holder);
+            }
+        }
+        if !kept.contains(&self.id) {
+            kept.push(self.id.clone());
+        }
+        kept.sort();
+        tx.set_meta(
+            HOLDERS_META,
+            &serde_json::to_string(&kept).unwrap_or_default(),
+        )
+    }
+
+    /// Gives back every lease of this holder and lets its registration lapse now (a holder
+    /// that stops): its credits are at once the others'.
+    pub fn stop(
+        &self,
+        tx: &mut dyn Tx,
+        budgets: &[SharedRow],
+        now_ms: i64,
+    ) -> Result<(), StoreError> {
+        for row in budgets {
+            let budget = row.budget();
+            if let Some(l) = self.lease(tx, &budget)? {
+                let mut writes = Vec::new();
+                let was = row.read(tx, now_ms)?;
+                row.writes(was, was.give_back(row.limits(), l, now_ms), &mut writes);
+                self.lease_writes(&budget, None, &mut writes);
+                writes.iter().try_for_each(|w| w.apply(tx))?;
+            }
+        }
+        tx.set_bucket(
+            &registration_row(&self.id),
+            State {
+                balance_micro: 0,
+                updated_ms: now_ms,
+            },
+        )?;
+        self.live.store(1, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+impl<S: crate::store::Store> crate::engine::Engine<S> {
+    /// This engine as a holder of leases, once [`Engine::hold_leases`] made it one.
+    ///
+    /// [`Engine::hold_leases`]: crate::engine::Engine::hold_leases
+    pub(crate) fn holder(&self) -> Option<&std::sync::Arc<Holder>> {
+        self.holder.get()
+    }
+
+    /// Makes this engine a holder of leases under `id` (unique among the engines sharing
+    /// its store): from the next [`Engine::keep_leases`] that finds another holder live, it
+    /// reserves the budgets tenants share through leases (docs/design.md, "Leases for
+    /// shared budgets"). For an engine whose store other engines share (replicas on
+    /// PostgreSQL); the service does it at start. A second call changes nothing.
+    ///
+    /// [`Engine::keep_leases`]: crate::engine::Engine::keep_leases
+    /// [`Engine::hold_leases`]: crate::engine::Engine::hold_leases
+    pub fn hold_leases(&self, id: &str) {
+        let _ = self
+            .holder
+            .set(std::sync::Arc::new(Holder::new(id.to_string())));
+    }
+
+    /// Makes this engine a holder of leases under a random id when its store has a clock of
+    /// its own, which is a store other engines may share (PostgreSQL).
+    pub(in crate::engine) fn hold_leases_if_shared(&self) -> Result<(), StoreError> {
+        if self.store_clock_ms()?.is_some() {
+            let mut bytes = [0u8; 8];
+            getrandom::getrandom(&mut bytes)
+                .map_err(|e| StoreError::Schema(format!("no random source: {e}")))?;
+            self.hold_leases(&crate::runtime::hex(&bytes));
+        }
+        Ok(())
+    }
+
+    /// Holders of leases live at this engine's last renewal, itself included (1 for an
+    /// engine that holds none).
+    pub fn live_lease_holders(&self) -> u32 {
+        self.holder()
+            .map_or(1, |h| h.live.load(Ordering::Relaxed).max(1))
+    }
+
+    /// The id this engine holds leases under, if it holds them.
+    pub fn lease_holder(&self) -> Option<&str> {
+        self.holder().map(|h| h.id())
+    }
+
+    /// Every budget tenants share in the configuration: the global request bucket, the
+    /// models' and the groups' budgets, and the global slots.
+    fn shared_budgets(&self) -> (Vec<BucketRef>, SlotRef) {
+        use crate::engine::budgets::Budgets;
+        let config = self.config();
+        let mut buckets = vec![Budgets::global_requests(&config)];
+        for (model, m) in config.models.iter().flatten() {
+            let shared = [
+                m.requests.map(|b| (names::model_requests(model), b)),
+                m.tokens.map(|b| (names::model_tokens(model), b)),
+            ];
+            buckets.extend(shared.into_iter().flatten().map(|(name, b)| BucketRef {
+                name,
+                limits: b.limits(),
+            }));
+        }
+        buckets.extend(Budgets::of_groups(&config));
+        (buckets, Budgets::global_slots(&config))
+    }
+
+    /// Credits leased out of each shared budget now (whole credits; none listed when no
+    /// lease is out), for `inspect`: the shared rows show what is not leased.
+    pub(in crate::engine) fn leased_out(
+        &self,
+        tx: &mut dyn Tx,
+    ) -> Result<BTreeMap<String, i64>, StoreError> {
+        let mut out = BTreeMap::new();
+        if self.holder().is_none() {
+            return Ok(out);
+        }
+        let (buckets, slots) = self.shared_budgets();
+        let budgets = buckets
+            .iter()
+            .map(|b| b.name.clone())
+            .chain([slots_budget(&slots.scope)]);
+        for budget in budgets {
+            let n = tx
+                .bucket(&leased_row(&budget))?
+                .map_or(0, |s| s.balance_micro.max(0) / MICRO);
+            if n > 0 {
+                out.insert(budget, n);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Renews this holder's registration, gives back expired leases (its own, and a dead
+    /// holder's) and counts the live holders, at `now_ms` (the store's clock): one
+    /// transaction beside other holders' batches (and, when a holder joins or is forgotten,
+    /// one with the store to itself), run by housekeeping about twice a second. `None` for
+    /// an engine that holds no leases.
+    ///
+    /// # Errors
+    /// The store's failure (nothing of it was written).
+    pub fn keep_leases(&self, now_ms: i64) -> Result<Option<LeaseKeep>, StoreError> {
+        let Some(holder) = self.holder().cloned() else {
+            return Ok(None);
+        };
+        let (buckets, slots) = self.shared_budgets();
+        let rows: Vec<SharedRow> = buckets
+            .iter()
+            .map(SharedRow::Bucket)
+            .chain([SharedRow::Slots(&slots)])
+            .collect();
+        let listed = self.read(listed_holders)?;
+        let hint = holder.keep_hint(&listed, &rows);
+        let (kept, relist) = self.named(&hint, |tx| holder.keep(tx, &rows, now_ms))?;
+        if relist {
+            self.transaction(|tx| holder.relist(tx, now_ms))?;
+        }
+        if holder.leasing() {
+            // What the policy is shown of the shared rows, read without their locks' wait:
+            // a batch of its own that names them, at most twice a second.
+            let look = Prefetch {
+                buckets: buckets
+                    .iter()
+                    .map(|b| b.name.clone())
+                    .chain(rows.iter().map(|r| leased_row(&r.budget())))
+                    .collect(),
+                slots: vec![slots.scope.clone()],
+                complete: true,
+                ..Prefetch::default()
+            };
+            self.named(&look, |tx| holder.look(tx, &rows, now_ms))?;
+        }
+        Ok(Some(kept))
+    }
+
+    /// Gives back every lease this engine holds and takes it off the holders' list (a
+    /// replica that stops), at `now_ms` (the store's clock).
+    ///
+    /// # Errors
+    /// The store's failure (nothing of it was written; the leases expire on their own).
+    pub fn stop_leases(&self, now_ms: i64) -> Result<(), StoreError> {
+        let Some(holder) = self.holder().cloned() else {
+            return Ok(());
+        };
+        let (buckets, slots) = self.shared_budgets();
+        let rows: Vec<SharedRow> = buckets
+            .iter()
+            .map(SharedRow::Bucket)
+            .chain([SharedRow::Slots(&slots)])
+            .collect();
+        self.transaction(|tx| holder.stop(tx, &rows, now_ms))
+    }
+}
