@@ -81,16 +81,24 @@ impl<S: Store> Maintenance<S> {
         }
     }
 
+    /// The store's time when it has a clock of its own, else this machine's (`None`: the
+    /// store could not be asked).
+    fn store_now(&self) -> Option<i64> {
+        match self.engine.store_clock_ms() {
+            Ok(Some(now)) => Some(now),
+            Ok(None) => Some(wall_clock_ms()),
+            Err(_) => None,
+        }
+    }
+
     /// Renews the engine's registration as a holder of leases and returns expired ones, at
     /// the store's time (an engine that holds no leases does nothing).
     fn keep_leases(&self) {
         if self.engine.lease_holder().is_none() {
             return;
         }
-        let now = match self.engine.store_clock_ms() {
-            Ok(Some(now)) => now,
-            Ok(None) => wall_clock_ms(),
-            Err(_) => return,
+        let Some(now) = self.store_now() else {
+            return;
         };
         match self.engine.keep_leases(now) {
             Ok(Some(kept)) if kept.returned > 0 => {
@@ -110,10 +118,8 @@ impl<S: Store> Maintenance<S> {
         if self.engine.lease_holder().is_none() {
             return;
         }
-        let now = match self.engine.store_clock_ms() {
-            Ok(Some(now)) => now,
-            Ok(None) => wall_clock_ms(),
-            Err(_) => return,
+        let Some(now) = self.store_now() else {
+            return;
         };
         if let Err(e) = self.engine.stop_leases(now) {
             tracing::warn!(error = %e, "leases could not be given back: they expire on their own");
@@ -126,10 +132,8 @@ impl<S: Store> Maintenance<S> {
     fn sweep(&self) {
         let started = Instant::now();
         for _ in 0..MAX_SWEEPS_AT_ONCE {
-            let now = match self.engine.store_clock_ms() {
-                Ok(Some(now)) => now,
-                Ok(None) => wall_clock_ms(),
-                Err(_) => return,
+            let Some(now) = self.store_now() else {
+                return;
             };
             match self.engine.sweep(now) {
                 Ok(s) => {

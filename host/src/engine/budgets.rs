@@ -338,6 +338,22 @@ impl Budgets {
             .collect()
     }
 
+    /// Every model's shared budgets (requests, tokens) where configured.
+    pub fn of_models(config: &Config) -> Vec<BucketRef> {
+        let mut out = Vec::new();
+        for (model, m) in config.models.iter().flatten() {
+            let shared = [
+                m.requests.map(|b| (names::model_requests(model), b)),
+                m.tokens.map(|b| (names::model_tokens(model), b)),
+            ];
+            out.extend(shared.into_iter().flatten().map(|(name, b)| BucketRef {
+                name,
+                limits: b.limits(),
+            }));
+        }
+        out
+    }
+
     /// Every budget of every group, by bucket name.
     pub fn of_groups(config: &Config) -> Vec<BucketRef> {
         config
@@ -431,18 +447,13 @@ impl Budgets {
         cost_microusd: u64,
         now_ms: i64,
     ) -> Result<(), StoreError> {
-        let each = [(tokens, self.token_buckets().collect::<Vec<_>>())]
-            .into_iter()
-            .chain([(cost_microusd, self.cost_buckets().collect())]);
-        for (credits, buckets) in each {
-            if credits == 0 {
-                continue;
-            }
-            for b in buckets {
-                match self.holder_of(b) {
-                    Some(h) => h.refund(tx, SharedRow::Bucket(b), credits, now_ms)?,
-                    None => b.refund(tx, credits, now_ms)?,
-                }
+        let each = (self.token_buckets().map(|b| (b, tokens)))
+            .chain(self.cost_buckets().map(|b| (b, cost_microusd)))
+            .filter(|&(_, credits)| credits > 0);
+        for (b, credits) in each {
+            match self.holder_of(b) {
+                Some(h) => h.refund(tx, SharedRow::Bucket(b), credits, now_ms)?,
+                None => b.refund(tx, credits, now_ms)?,
             }
         }
         Ok(())

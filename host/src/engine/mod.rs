@@ -382,18 +382,8 @@ impl<S: Store> Engine<S> {
             names::GLOBAL_SLOTS.to_string(),
             tx.slots_in_use(names::GLOBAL_SLOTS)?,
         );
-        for (model, m) in self.config().models.iter().flatten() {
-            let shared = [
-                m.requests.map(|b| (names::model_requests(model), b)),
-                m.tokens.map(|b| (names::model_tokens(model), b)),
-            ];
-            for (name, b) in shared.into_iter().flatten() {
-                let b = BucketRef {
-                    name,
-                    limits: b.limits(),
-                };
-                record(tx, &b)?;
-            }
+        for b in Budgets::of_models(&self.config()) {
+            record(tx, &b)?;
         }
         for (name, tenant) in &self.config().tenants {
             for b in Budgets::of_tenant(name, tenant) {

@@ -102,14 +102,28 @@ impl Holder {
 
     pub(super) fn saw(&self, budget: &str, level_micro: i64) {
         let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
-        seen.insert(budget.to_string(), level_micro);
+        match seen.get_mut(budget) {
+            Some(level) => *level = level_micro,
+            None => {
+                seen.insert(budget.to_string(), level_micro);
+            }
+        }
     }
 
     fn demand(&self, budget: &str, micro: i64, now_ms: i64) -> i64 {
         let mut meters = self.meters.lock().unwrap_or_else(|e| e.into_inner());
-        let meter = meters.entry(budget.to_string()).or_default();
-        meter.add(micro, now_ms);
-        meter.demand()
+        match meters.get_mut(budget) {
+            Some(meter) => {
+                meter.add(micro, now_ms);
+                meter.demand()
+            }
+            None => {
+                let mut meter = Meter::default();
+                meter.add(micro, now_ms);
+                meters.insert(budget.to_string(), meter);
+                meter.demand()
+            }
+        }
     }
 
     /// Takes `credits` from `row` for this holder: from its lease while it holds enough,

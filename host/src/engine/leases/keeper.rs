@@ -6,13 +6,12 @@
 use super::holder::Holder;
 use super::rows::{
     granted_row, lease_row, lease_writes, leased_row, listed_holders, read_lease, registration_row,
-    slots_budget, SharedRow,
+    SharedRow,
 };
 use super::{FORGET_AFTER_MS, HOLDERS_META, HOLDER_LIFE_MS};
 use crate::bucket::{State, MICRO};
 use crate::engine::budgets::{BucketRef, SlotRef};
 use crate::lease::Shared;
-use crate::model::names;
 use crate::store::{Prefetch, StoreError, Tx};
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -238,22 +237,16 @@ impl<S: crate::store::Store> crate::engine::Engine<S> {
 
     /// Every budget tenants share in the configuration: the global request bucket, the
     /// models' and the groups' budgets, and the global slots.
-    fn shared_budgets(&self) -> (Vec<BucketRef>, SlotRef) {
+    fn shared_budgets(&self) -> SharedBudgets {
         use crate::engine::budgets::Budgets;
         let config = self.config();
         let mut buckets = vec![Budgets::global_requests(&config)];
-        for (model, m) in config.models.iter().flatten() {
-            let shared = [
-                m.requests.map(|b| (names::model_requests(model), b)),
-                m.tokens.map(|b| (names::model_tokens(model), b)),
-            ];
-            buckets.extend(shared.into_iter().flatten().map(|(name, b)| BucketRef {
-                name,
-                limits: b.limits(),
-            }));
-        }
+        buckets.extend(Budgets::of_models(&config));
         buckets.extend(Budgets::of_groups(&config));
-        (buckets, Budgets::global_slots(&config))
+        SharedBudgets {
+            buckets,
+            slots: Budgets::global_slots(&config),
+        }
     }
 
     /// Credits leased out of each shared budget now (whole credits; none listed when no
@@ -266,12 +259,8 @@ impl<S: crate::store::Store> crate::engine::Engine<S> {
         if self.holder().is_none() {
             return Ok(out);
         }
-        let (buckets, slots) = self.shared_budgets();
-        let budgets = buckets
-            .iter()
-            .map(|b| b.name.clone())
-            .chain([slots_budget(&slots.scope)]);
-        for budget in budgets {
+        for row in self.shared_budgets().rows() {
+            let budget = row.budget();
             let n = tx
                 .bucket(&leased_row(&budget))?
                 .map_or(0, |s| s.balance_micro.max(0) / MICRO);
@@ -294,12 +283,8 @@ impl<S: crate::store::Store> crate::engine::Engine<S> {
         let Some(holder) = self.holder().cloned() else {
             return Ok(None);
         };
-        let (buckets, slots) = self.shared_budgets();
-        let rows: Vec<SharedRow> = buckets
-            .iter()
-            .map(SharedRow::Bucket)
-            .chain([SharedRow::Slots(&slots)])
-            .collect();
+        let shared = self.shared_budgets();
+        let rows = shared.rows();
         let listed = self.read(listed_holders)?;
         let hint = holder.keep_hint(&listed, &rows);
         let (kept, relist) = self.named(&hint, |tx| holder.keep(tx, &rows, now_ms))?;
@@ -310,12 +295,13 @@ impl<S: crate::store::Store> crate::engine::Engine<S> {
             // What the policy is shown of the shared rows, read without their locks' wait:
             // a batch of its own that names them, at most twice a second.
             let look = Prefetch {
-                buckets: buckets
+                buckets: shared
+                    .buckets
                     .iter()
                     .map(|b| b.name.clone())
                     .chain(rows.iter().map(|r| leased_row(&r.budget())))
                     .collect(),
-                slots: vec![slots.scope.clone()],
+                slots: vec![shared.slots.scope.clone()],
                 complete: true,
                 ..Prefetch::default()
             };
@@ -333,12 +319,24 @@ impl<S: crate::store::Store> crate::engine::Engine<S> {
         let Some(holder) = self.holder().cloned() else {
             return Ok(());
         };
-        let (buckets, slots) = self.shared_budgets();
-        let rows: Vec<SharedRow> = buckets
+        let shared = self.shared_budgets();
+        self.transaction(|tx| holder.stop(tx, &shared.rows(), now_ms))
+    }
+}
+
+/// The budgets tenants share, as configured now.
+struct SharedBudgets {
+    buckets: Vec<BucketRef>,
+    slots: SlotRef,
+}
+
+impl SharedBudgets {
+    /// Each of them as leases see it.
+    fn rows(&self) -> Vec<SharedRow<'_>> {
+        self.buckets
             .iter()
             .map(SharedRow::Bucket)
-            .chain([SharedRow::Slots(&slots)])
-            .collect();
-        self.transaction(|tx| holder.stop(tx, &rows, now_ms))
+            .chain([SharedRow::Slots(&self.slots)])
+            .collect()
     }
 }
