@@ -91,34 +91,44 @@ fn a_full_disk_answers_503_keeps_nothing_half_written_and_recovers() {
         (status, text)
     };
     let filler = disk.0.join("filler");
-    fill(&filler, 64 * 1024);
+    fill(&filler, 512 * 1024);
     let admit = |key: String| {
         let body = json!({"key": key, "route": "interactive", "input_tokens": 10,
                           "max_output_tokens": 10, "deadline_ms": now_ms() + 600_000,
                           "labels": {"pad": "x".repeat(200)}});
         server.admit(CALLER, body)
     };
-    let (mut accepted, mut refused) = (0u64, None);
+    // Admit until the store has refused 21 in a row. A write that fails can leave SQLite
+    // room it had already taken (a rolled-back transaction's WAL frames), so a smaller
+    // admission after a refusal may still fit: it is then acknowledged and must be kept.
+    // Every refusal is a 503 with its reason and a Retry-After, never a 500.
+    let (mut accepted, mut refusals, mut in_a_row) = (0u64, 0u64, 0u64);
+    // Stretches of refusals: each is one change from writing to not writing.
+    let mut stretches = 0usize;
     for i in 0..100_000 {
         let (status, retry_after, body) = admit(format!("k{i}"));
         match status {
-            200 => accepted += 1,
+            200 => {
+                accepted += 1;
+                in_a_row = 0;
+            }
             503 => {
-                refused = Some((retry_after, body));
-                break;
+                assert_eq!(body["reason"], "store_unavailable", "{body}");
+                assert!(retry_after.is_some(), "a 503 carries Retry-After");
+                refusals += 1;
+                in_a_row += 1;
+                if in_a_row == 1 {
+                    stretches += 1;
+                }
+                if in_a_row == 21 {
+                    break;
+                }
             }
             other => panic!("admission {i} answered {other}: {body}"),
         }
     }
-    let (retry_after, body) = refused.expect("the disk never filled");
-    assert_eq!(body["reason"], "store_unavailable", "{body}");
-    assert!(retry_after.is_some(), "a 503 carries Retry-After");
+    assert_eq!(in_a_row, 21, "the disk never filled ({accepted} accepted)");
     assert!(accepted > 0);
-    // Still full: refused again, never 500; the health check says why.
-    for i in 0..20 {
-        let (status, _, body) = admit(format!("again{i}"));
-        assert_eq!(status, 503, "{body}");
-    }
     let (status, health) = get("/healthz");
     assert_eq!(status, 503, "{health}");
     assert!(
@@ -131,7 +141,10 @@ fn a_full_disk_answers_503_keeps_nothing_half_written_and_recovers() {
         .find(|l| l.starts_with("tollgate_store_write_failures_total{kind=\"disk_full\"}"))
         .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
         .unwrap_or_else(|| panic!("no disk_full failures in /metrics: {metrics}"));
-    assert!(failures >= 21, "{failures} failed writes counted");
+    assert!(
+        failures >= refusals,
+        "{failures} failed writes counted, {refusals} refusals"
+    );
     // Room again: healthy by itself, with no request to find it out.
     std::fs::remove_file(&filler).unwrap();
     let started = Instant::now();
@@ -155,11 +168,20 @@ fn a_full_disk_answers_503_keeps_nothing_half_written_and_recovers() {
     );
     assert_eq!(inspect["slots"]["global"], accepted + 1);
     assert!(server.stop().success());
-    // One line when the store stopped writing and one when it wrote again, not one per
-    // refused request.
+    // One line each time the store stopped writing and one each time it wrote again, not
+    // one per refused request (a sweep or a probe between two requests may make one more
+    // change than the requests saw).
     let log = std::fs::read_to_string(&log_path).unwrap();
-    assert_eq!(log.matches("the store cannot write").count(), 1, "{log}");
-    assert_eq!(log.matches("the store writes again").count(), 1, "{log}");
+    let stopped = log.matches("the store cannot write").count();
+    assert!(
+        stopped >= stretches && stopped <= stretches + 2,
+        "{stretches} stretches: {log}"
+    );
+    assert_eq!(
+        log.matches("the store writes again").count(),
+        stopped,
+        "{log}"
+    );
     drop(disk);
     let _ = std::fs::remove_dir_all(&dir);
 }
