@@ -291,14 +291,23 @@ fn written_bytes(pid: u32) -> Option<u64> {
         .and_then(|v| v.trim().parse().ok())
 }
 
-/// As [`http`], with `replicas` servers in this process sharing the PostgreSQL store at
-/// `url` (in a scratch schema), the connections spread over them.
+/// How many servers share the store, and how many writer shards each has.
+#[derive(Clone, Copy, Debug)]
+pub struct Servers {
+    /// Servers in this process sharing the store, the connections spread over them.
+    pub replicas: usize,
+    /// Writer shards in each, each on a connection of its own.
+    pub writers: usize,
+}
+
+/// As [`http`], with servers in this process sharing the PostgreSQL store at `url` (in a
+/// scratch schema), the connections spread over them.
 pub fn http_postgres(
     url: &str,
     tenants: u32,
     connections: usize,
     requests: u64,
-    replicas: usize,
+    Servers { replicas, writers }: Servers,
 ) -> Result<HttpFigures, String> {
     use tollgate::config::ConfigFile;
     use tollgate::store::{AnyStore, PgStore};
@@ -307,16 +316,17 @@ pub fn http_postgres(
     let schema = format!("tollgate_bench_{}", std::process::id());
     let mut servers = Vec::new();
     for r in 0..replicas.max(1) {
-        let store = if r == 0 {
-            PgStore::open_scratch(url, &schema)
-        } else {
-            PgStore::open_in_schema(url, &schema)
+        let mut stores = Vec::new();
+        for w in 0..writers.max(1) {
+            let store = if r == 0 && w == 0 {
+                PgStore::open_scratch(url, &schema)
+            } else {
+                PgStore::open_in_schema(url, &schema)
+            }
+            .map_err(|e| e.to_string())?;
+            stores.push(AnyStore::Postgres(Box::new(store)));
         }
-        .map_err(|e| e.to_string())?;
-        servers.push(server::build(
-            config.clone(),
-            AnyStore::Postgres(Box::new(store)),
-        )?);
+        servers.push(server::build_shards(config.clone(), stores, Vec::new())?);
     }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -66,6 +66,9 @@ enum BenchCommand {
         /// Servers sharing the PostgreSQL store, the connections spread over them.
         #[arg(long, default_value_t = 1)]
         replicas: usize,
+        /// Writer shards in each replica (PostgreSQL), each on its own connection.
+        #[arg(long, default_value_t = 1)]
+        writers: usize,
         /// Milliseconds added to each round trip between the replicas and PostgreSQL, by a
         /// delaying TCP proxy (half each way): a real network's latency on one machine.
         #[arg(long)]
@@ -151,6 +154,7 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             requests,
             db,
             replicas,
+            writers,
             db_latency_ms,
             json,
             tollgate,
@@ -171,16 +175,23 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
                 (db, _) => db,
             };
             let f = match db.as_deref() {
-                Some(url) => http::http_postgres(url, tenants, connections, requests, replicas),
+                Some(url) => http::http_postgres(
+                    url,
+                    tenants,
+                    connections,
+                    requests,
+                    http::Servers { replicas, writers },
+                ),
                 None => {
                     let exe = tollgate.map_or_else(serve_executable, Ok)?;
                     http::http(&exe, &dir, tenants, connections, requests)
                 }
             };
             println!(
-                "store: {}, replicas: {}, added round trip to the store: {} ms",
+                "store: {}, replicas: {}, writers per replica: {}, added round trip to the store: {} ms",
                 db.as_deref().map_or("sqlite file", |_| "postgres"),
                 replicas.max(1),
+                writers.max(1),
                 db_latency_ms.unwrap_or(0.0)
             );
             let _ = std::fs::remove_dir_all(&dir);

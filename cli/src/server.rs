@@ -43,9 +43,32 @@ pub fn build(
 /// As [`build`], with scenario files every candidate policy must pass (`--verify-with`).
 pub fn build_with(
     config: ConfigFile,
-    mut store: AnyStore,
+    store: AnyStore,
     verify_with: Vec<std::path::PathBuf>,
 ) -> Result<(Built, std::thread::JoinHandle<()>), String> {
+    build_shards(config, vec![store], verify_with)
+}
+
+/// As [`build_with`], with one writer shard per store: each an engine of its own on its
+/// own connection to one shared store (PostgreSQL), a tenant's work going to one of them
+/// (`serve --writers N`). The first store's engine applies the configuration and serves
+/// the admin API.
+pub fn build_shards(
+    config: ConfigFile,
+    mut stores: Vec<AnyStore>,
+    verify_with: Vec<std::path::PathBuf>,
+) -> Result<(Built, std::thread::JoinHandle<()>), String> {
+    if stores.is_empty() {
+        return Err("no store to serve from".into());
+    }
+    if stores.len() > 1 && stores.iter().any(|s| matches!(s, AnyStore::Sqlite(_))) {
+        return Err(
+            "more than one writer needs a store they can share (PostgreSQL): a SQLite file has one writer"
+                .into(),
+        );
+    }
+    let more = stores.split_off(1);
+    let mut store = stores.pop().expect("one store");
     let verifier = ScenarioVerifier::new(verify_with);
     let metrics = Metrics::new();
     if let AnyStore::Sqlite(s) = &mut store {
@@ -64,8 +87,8 @@ pub fn build_with(
     let (policy_name, max_connections) = (config.policy.clone(), config.max_connections);
     let max_connections_per_address = config.max_connections_per_address;
     let verifier = Arc::new(verifier);
-    let started = EngineBuilder::new(config)
-        .runtime(runtime)
+    let started = EngineBuilder::new(config.clone())
+        .runtime(runtime.clone())
         .verifier(verifier.clone())
         .start(store, Clock::default().now_ms())
         .map_err(|e| e.to_string())?;
@@ -107,10 +130,27 @@ pub fn build_with(
     if !applied.tenants_kept_busy.is_empty() {
         tracing::warn!(tenants = ?applied.tenants_kept_busy, "tenants removed from the configuration still have work in flight: kept until a start finds them idle");
     }
+    // The other shards find the store as the first left it: nothing more to apply.
+    let mut engines = vec![engine.clone()];
+    for store in more {
+        let started = EngineBuilder::new(config.clone())
+            .runtime(runtime.clone())
+            .verifier(verifier.clone())
+            .start(store, Clock::default().now_ms())
+            .map_err(|e| e.to_string())?;
+        engines.push(Arc::new(started.engine));
+    }
+    if engines.len() > 1 {
+        tracing::info!(
+            writers = engines.len(),
+            "writer shards: each tenant's work goes to one, the budgets tenants share are leased"
+        );
+    }
     let observer = Arc::new(metrics.clone());
-    let (writer, handle) = Writer::start(engine.clone(), max_connections, observer);
+    let (writer, handle) = Writer::start_shards(engines.clone(), max_connections, observer);
     let state = Arc::new(AppState {
         engine,
+        engines,
         writer,
         metrics,
         clock: Clock::default(),

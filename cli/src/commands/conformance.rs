@@ -23,6 +23,10 @@ pub enum Command {
         /// `TOLLGATE_FIXTURES` variable, else the folder this build wrote them to).
         #[arg(long)]
         fixtures: Option<PathBuf>,
+        /// Writer shards sharing the `--db` store, as `serve --writers N` runs them: each
+        /// tenant's steps go to one, and the budgets tenants share are leased between them.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
+        writers: u16,
     },
 }
 
@@ -32,6 +36,7 @@ pub fn run(command: Command) -> Result<ExitCode, String> {
         policy,
         db,
         fixtures,
+        writers,
     } = command;
     let runtime = tollgate_cli::runtime::runtime()?;
     let files = scenario::collect(&paths)?;
@@ -47,7 +52,12 @@ pub fn run(command: Command) -> Result<ExitCode, String> {
             ));
         }
     }
-    let (passed, failed) = run_files(&runner, files, db.as_deref());
+    if writers > 1 && db.is_none() {
+        return Err(format!(
+            "--writers {writers}: shards share a PostgreSQL store; name it with --db"
+        ));
+    }
+    let (passed, failed) = run_files(&runner, files, db.as_deref(), usize::from(writers));
     println!("{passed} passed, {failed} failed");
     Ok(if failed == 0 {
         ExitCode::SUCCESS
@@ -56,21 +66,30 @@ pub fn run(command: Command) -> Result<ExitCode, String> {
     })
 }
 
-/// Runs scenario files, printing each failure, and counts them: `(passed, failed)`.
-pub fn run_files(runner: &Runner, files: Vec<PathBuf>, db: Option<&str>) -> (u32, u32) {
+/// Runs scenario files, printing each failure, and counts them: `(passed, failed)`. With a
+/// `db`, each scenario runs on `writers` engines sharing a fresh schema of its own.
+pub fn run_files(
+    runner: &Runner,
+    files: Vec<PathBuf>,
+    db: Option<&str>,
+    writers: usize,
+) -> (u32, u32) {
     let (mut passed, mut failed) = (0, 0);
     for (i, file) in files.into_iter().enumerate() {
         let outcome = Scenario::load(&file).and_then(|s| {
             let mismatches = match db {
                 Some(url) => {
                     let schema = format!("tollgate_conformance_{}_{i}", std::process::id());
-                    let store = PgStore::open_scratch(url, &schema).map_err(|e| {
-                        tollgate::scenario::ScenarioError {
+                    let failed =
+                        |e: tollgate::store::StoreError| tollgate::scenario::ScenarioError {
                             path: file.display().to_string(),
                             message: e.to_string(),
-                        }
-                    })?;
-                    runner.run_on(&s, store)?
+                        };
+                    let mut stores = vec![PgStore::open_scratch(url, &schema).map_err(failed)?];
+                    for _ in 1..writers.max(1) {
+                        stores.push(PgStore::open_in_schema(url, &schema).map_err(failed)?);
+                    }
+                    runner.run_on_shards(&s, stores)?
                 }
                 None => runner.run(&s)?,
             };

@@ -32,7 +32,26 @@ pub struct ServeArgs {
     /// without a key (for a scraper on a private network).
     #[arg(long)]
     metrics_listen: Option<String>,
+    /// Writer shards, each with its own connection to the store, batches and transactions;
+    /// a tenant's work goes to one, and the budgets tenants share are leased between them.
+    /// Above 1 only on PostgreSQL. Default: 1 on SQLite; on PostgreSQL a third of the
+    /// machine's cores (at least 1, at most 8).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=64))]
+    writers: Option<u16>,
 }
+
+/// Writer shards on a shared store when none are asked for: a third of the machine's
+/// cores, at least 1 and at most [`MOST_DEFAULT_WRITERS`]. A writer's work is about a third
+/// of an admission's CPU (the rest is HTTP, parsing and answering), so a third of the
+/// cores keeps the writers and the rest equally busy.
+fn default_writers() -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    (cores / 3).clamp(1, MOST_DEFAULT_WRITERS)
+}
+
+/// The most writer shards chosen by default: each holds a connection to the store and
+/// leases of the budgets tenants share.
+const MOST_DEFAULT_WRITERS: usize = 8;
 
 /// How log lines are written.
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -51,6 +70,7 @@ pub fn run(args: ServeArgs) -> Result<ExitCode, String> {
         watch_policy,
         verify_with,
         metrics_listen,
+        writers,
     } = args;
     use std::io::IsTerminal;
     use tracing_subscriber::layer::SubscriberExt;
@@ -92,7 +112,21 @@ pub fn run(args: ServeArgs) -> Result<ExitCode, String> {
         tracing::info!(endpoint = %t.endpoint, "exporting traces");
     }
     let store = AnyStore::open(&db).map_err(|e| format!("{db}: {e}"))?;
-    let (state, writer) = tollgate_cli::server::build_with(config, store, verify_with)?;
+    let writers = match (writers, &store) {
+        (Some(n), AnyStore::Sqlite(_)) if n > 1 => {
+            return Err(format!(
+                "--writers {n}: a SQLite store has one writer; more need a PostgreSQL store (--db postgres://…)"
+            ))
+        }
+        (Some(n), _) => usize::from(n),
+        (None, AnyStore::Sqlite(_)) => 1,
+        (None, _) => default_writers(),
+    };
+    let mut stores = vec![store];
+    for _ in 1..writers {
+        stores.push(AnyStore::open(&db).map_err(|e| format!("{db}: {e}"))?);
+    }
+    let (state, writer) = tollgate_cli::server::build_shards(config, stores, verify_with)?;
     let watcher = watch_policy.map(|path| {
         tracing::info!(path = %path.display(), "watching the policy");
         tollgate_cli::service::watch_policy(&state.service, path)

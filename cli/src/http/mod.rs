@@ -51,9 +51,13 @@ impl Clock {
 
 /// What every handler shares, the service's and the gateway's.
 pub struct AppState {
-    /// The engine, for what is read outside the writer (roles, the configuration).
+    /// The engine, for what is read outside the writer (roles, the configuration), and
+    /// what the admin API changes: the first shard's.
     pub engine: Arc<Engine<AnyStore>>,
-    /// The one writer every decision goes through.
+    /// Every shard's engine, the first one first (one unless `serve --writers` asks for
+    /// more).
+    pub engines: Vec<Arc<Engine<AnyStore>>>,
+    /// The writer every decision goes through, a tenant's to its shard.
     pub writer: Writer,
     /// Every series `/metrics` shows.
     pub metrics: Metrics,
@@ -63,6 +67,37 @@ pub struct AppState {
     pub max_connections: usize,
     /// Connections one client address may hold.
     pub max_connections_per_address: usize,
+}
+
+impl AppState {
+    /// Has every other shard's engine take up a change just made through the first
+    /// (tenants, keys, groups, the policy, the shadow) now rather than at its next
+    /// housekeeping, so that whoever made it sees it whichever shard serves them next.
+    pub async fn take_up_changes(&self) {
+        if self.engines.len() < 2 {
+            return;
+        }
+        let others = self.engines[1..].to_vec();
+        let taken = tokio::task::spawn_blocking(move || {
+            for engine in others {
+                if let Err(e) = engine.sync_directory() {
+                    tracing::warn!(error = %e, "a shard could not take up the tenants and keys: it will at its next housekeeping");
+                }
+                if let Err(e) = engine.sync_policy() {
+                    tracing::warn!(error = %e, "a shard could not take up the policy: it will at its next housekeeping");
+                }
+            }
+        });
+        let _ = taken.await;
+    }
+
+    /// The shadow policy's counts over every shard; `None` when no shadow is installed.
+    pub fn shadow_report(&self) -> Option<tollgate::engine::ShadowReport> {
+        self.engines
+            .iter()
+            .filter_map(|e| e.shadow_report())
+            .reduce(tollgate::engine::ShadowReport::merge)
+    }
 }
 
 /// The state every handler shares.

@@ -62,6 +62,7 @@ pub(super) async fn policy_put(
     match result {
         Ok(identity) => {
             tracing::info!(name = %identity.name, version = %identity.version, sha256 = %identity.sha256, "policy activated");
+            s.take_up_changes().await;
             set_policy_gauge(&s.engine, &s.metrics);
             Ok(axum::Json(json!(identity)).into_response())
         }
@@ -90,6 +91,7 @@ pub(super) async fn policy_rollback(
     match rolled {
         Ok(identity) => {
             tracing::info!(name = %identity.name, sha256 = %identity.sha256, "policy rolled back");
+            s.take_up_changes().await;
             set_policy_gauge(&s.engine, &s.metrics);
             Ok(axum::Json(json!(identity)).into_response())
         }
@@ -136,6 +138,7 @@ pub(super) async fn shadow_put(
     match result {
         Ok(identity) => {
             tracing::info!(name = %identity.name, sha256 = %identity.sha256, sample, "shadow policy installed");
+            s.take_up_changes().await;
             Ok(axum::Json(json!({"shadow": identity, "sample": sample})).into_response())
         }
         Err(e @ tollgate::engine::SwapError::Store(_)) => {
@@ -156,7 +159,7 @@ pub(super) async fn shadow_get(
     headers: HeaderMap,
 ) -> Result<Response, Refusal> {
     admin(&s, &headers)?;
-    match s.engine.shadow_report() {
+    match s.shadow_report() {
         Some(report) => Ok(axum::Json(json!(report)).into_response()),
         None => Err(refuse(Rejection::NoShadowPolicy)),
     }
@@ -175,6 +178,7 @@ pub(super) async fn shadow_delete(
     match removed {
         Some(identity) => {
             tracing::info!(name = %identity.name, sha256 = %identity.sha256, "shadow policy removed");
+            s.take_up_changes().await;
             s.metrics.shadow.reset();
             Ok(axum::Json(json!({"removed": identity})).into_response())
         }

@@ -118,6 +118,7 @@ pub(super) async fn tenant_put(
     match blocking(move || engine.put_tenant(&tenant, &written, now_ms)).await? {
         Ok(()) => {
             tracing::info!(tenant = %name, "tenant written");
+            s.take_up_changes().await;
             Ok(axum::Json(tenant_view(&s.engine, &name)).into_response())
         }
         Err(e) => Ok(refused(e)),
@@ -136,6 +137,7 @@ pub(super) async fn tenant_delete(
     match blocking(move || engine.delete_tenant(&tenant)).await? {
         Ok(revoked) => {
             tracing::info!(tenant = %name, revoked_keys = revoked.len(), "tenant deleted");
+            s.take_up_changes().await;
             Ok(axum::Json(json!({"deleted": name, "revoked_keys": revoked})).into_response())
         }
         Err(e) => Ok(refused(e)),
@@ -171,6 +173,7 @@ pub(super) async fn keys_create(
         Ok((id, key)) => {
             // The key itself is never logged: only its id.
             tracing::info!(id = %id, "key created");
+            s.take_up_changes().await;
             let info = s.engine.keys().into_iter().find(|k| k.id == id);
             let mut body = json!({"id": id, "key": key});
             if let Some(info) = info {
@@ -204,6 +207,7 @@ pub(super) async fn key_delete(
     match blocking(move || engine.revoke_key(&key)).await? {
         Ok(()) => {
             tracing::info!(id = %id, "key revoked");
+            s.take_up_changes().await;
             Ok(axum::Json(json!({"revoked": id})).into_response())
         }
         Err(e) => Ok(refused(e)),

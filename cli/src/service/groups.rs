@@ -74,6 +74,7 @@ pub(super) async fn group_put(
     match blocking(move || engine.put_group(&group, &written, now_ms)).await? {
         Ok(()) => {
             tracing::info!(group = %name, "group written");
+            s.take_up_changes().await;
             Ok(axum::Json(group_view(&s.engine, &name)).into_response())
         }
         Err(e) => Ok(refused(e)),
@@ -92,6 +93,7 @@ pub(super) async fn group_delete(
     match blocking(move || engine.delete_group(&group)).await? {
         Ok(()) => {
             tracing::info!(group = %name, "group deleted");
+            s.take_up_changes().await;
             Ok(axum::Json(json!({ "deleted": name })).into_response())
         }
         Err(e) => Ok(refused(e)),

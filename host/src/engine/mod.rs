@@ -141,9 +141,10 @@ pub struct Inspection {
     /// what `buckets` shows).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub period_limits: BTreeMap<String, i64>,
-    /// Shared budget to the credits leased out of it to replicas (a slot scope as
-    /// `slots:<scope>`): what `buckets` and `slots` show is the shared rows' part alone.
-    /// Empty (and left out) unless replicas lease.
+    /// Shared budget to the credits leased out of it to replicas or writer shards (a slot
+    /// scope as `slots:<scope>`), spent or not. `buckets` and `slots` show each budget
+    /// whole: what is unspent in leases counts as available (a slot as free). Empty (and
+    /// left out) unless engines lease.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub leased: BTreeMap<String, i64>,
     /// Slot scope to calls in flight.
@@ -362,8 +363,16 @@ impl<S: Store> Engine<S> {
         let mut buckets = BTreeMap::new();
         let mut resets_at = BTreeMap::new();
         let mut period_limits = BTreeMap::new();
+        // Each budget whole: what sits unspent in holders' leases is available too.
+        let in_leases = self.unspent_in_leases(tx)?;
         let mut record = |tx: &mut dyn Tx, b: &BucketRef| -> Result<(), StoreError> {
-            let level = b.level(tx, now_ms)?;
+            let mut level = b.level(tx, now_ms)?;
+            if let Some(unspent) = in_leases.get(&b.name) {
+                level.balance_micro = level
+                    .balance_micro
+                    .saturating_add(*unspent)
+                    .min(b.limits.capacity_micro);
+            }
             buckets.insert(b.name.clone(), level.whole_credits());
             if let Some(at) = b.limits.resets_at(level.updated_ms) {
                 resets_at.insert(b.name.clone(), at);
@@ -378,9 +387,13 @@ impl<S: Store> Engine<S> {
         let mut queues = BTreeMap::new();
         let mut queue_age_ms = BTreeMap::new();
         record(tx, &Budgets::global_requests(&self.config()))?;
+        let free_in_leases = in_leases
+            .get(&leases::slots_budget(names::GLOBAL_SLOTS))
+            .map_or(0, |unspent| unspent / crate::bucket::MICRO);
         slots.insert(
             names::GLOBAL_SLOTS.to_string(),
-            tx.slots_in_use(names::GLOBAL_SLOTS)?,
+            tx.slots_in_use(names::GLOBAL_SLOTS)?
+                .saturating_sub(u32::try_from(free_in_leases).unwrap_or(u32::MAX)),
         );
         for b in Budgets::of_models(&self.config()) {
             record(tx, &b)?;

@@ -111,6 +111,38 @@ pub struct ShadowReport {
     pub recent_disagreements: Vec<Disagreement>,
 }
 
+impl ShadowReport {
+    /// This report and `other`'s counts together (engines that share the work, each asked
+    /// about its own admissions), when both are about the same shadow; else this one.
+    #[must_use]
+    pub fn merge(mut self, other: ShadowReport) -> ShadowReport {
+        if other.policy.sha256 != self.policy.sha256 {
+            return self;
+        }
+        self.decisions += other.decisions;
+        self.agreements += other.agreements;
+        self.disagreements += other.disagreements;
+        for pair in other.by_outcome {
+            match self
+                .by_outcome
+                .iter_mut()
+                .find(|p| p.active == pair.active && p.shadow == pair.shadow)
+            {
+                Some(p) => p.count += pair.count,
+                None => self.by_outcome.push(pair),
+            }
+        }
+        self.recent_disagreements.extend(other.recent_disagreements);
+        self.recent_disagreements.sort_by_key(|d| d.at_ms);
+        let over = self
+            .recent_disagreements
+            .len()
+            .saturating_sub(RECENT_DISAGREEMENTS);
+        self.recent_disagreements.drain(..over);
+        self
+    }
+}
+
 /// An answer's label: its outcome, the reason of a refusal, and whether an admission
 /// reduced the request.
 fn label(d: &Decision, plan: Option<&PlanShape>) -> String {

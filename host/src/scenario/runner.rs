@@ -1,11 +1,12 @@
-//! Running a scenario: each step against a fresh engine on an in-memory store, its answer
-//! matched against the step's `expect` (partially: the fields named, numbers by value or
-//! range).
+//! Running a scenario: each step against a fresh engine on an in-memory store (or against
+//! writer shards' engines on one shared store), its answer matched against the step's
+//! `expect` (partially: the fields named, numbers by value or range).
 
 use super::{default_fixtures, resolve_policy, Op, Scenario, ScenarioError, Step};
 use crate::engine::{Completion, Engine, Reconciliation};
 use crate::runtime::{Decider, Runtime};
 use crate::store::{SqliteStore, Store};
+use crate::writer::shard_of;
 use serde_json::{json, Map, Value};
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -65,6 +66,19 @@ impl Runner {
 
     /// Runs one scenario on a given (empty) store.
     pub fn run_on<S: Store>(&self, s: &Scenario, store: S) -> Result<Vec<Mismatch>, ScenarioError> {
+        self.run_on_shards(s, vec![store])
+    }
+
+    /// Runs one scenario with one engine per store, the stores one shared store's
+    /// connections (writer shards, as `serve --writers N` runs them): a tenant's steps go
+    /// to the engine [`shard_of`] its name picks, the others to the first. With more than
+    /// one, every engine holds leases on the budgets tenants share and keeps them at each
+    /// step's time, and takes up a policy swapped through the first before the next step.
+    pub fn run_on_shards<S: Store>(
+        &self,
+        s: &Scenario,
+        stores: Vec<S>,
+    ) -> Result<Vec<Mismatch>, ScenarioError> {
         let base = s.path.parent();
         let policy: Arc<dyn Decider> = match (&s.policy, &self.default_decider) {
             (None, Some(decider)) => decider.clone(),
@@ -79,12 +93,46 @@ impl Runner {
                 Arc::new(loaded)
             }
         };
-        let engine = Engine::new(s.config.clone(), store, self.runtime.clone(), policy);
+        let shards = stores.len();
+        if shards == 0 {
+            return Err(self.err(s, "no store to run on".into()));
+        }
+        let engines: Vec<Engine<S>> = stores
+            .into_iter()
+            .map(|store| {
+                Engine::new(
+                    s.config.clone(),
+                    store,
+                    self.runtime.clone(),
+                    policy.clone(),
+                )
+            })
+            .collect();
+        if shards > 1 {
+            for (i, engine) in engines.iter().enumerate() {
+                engine.hold_leases(&format!("shard-{i}"));
+            }
+        }
         let mut mismatches = Vec::new();
         for (i, step) in s.steps.iter().enumerate() {
-            let actual = self
-                .step(&engine, step, base)
-                .map_err(|m| self.err(s, format!("step {i}: {m}")))?;
+            let failed = |m: String| self.err(s, format!("step {i}: {m}"));
+            if shards > 1 {
+                for engine in &engines {
+                    engine
+                        .keep_leases(step.at_ms)
+                        .map_err(|e| failed(e.to_string()))?;
+                }
+            }
+            let engine = match step_tenant(&step.op) {
+                Some(tenant) => &engines[shard_of(tenant, shards)],
+                None => &engines[0],
+            };
+            let actual = self.step(engine, step, base).map_err(failed)?;
+            if matches!(step.op, Op::SwapPolicy(_)) {
+                for other in &engines[1..] {
+                    other.sync_policy().map_err(|e| failed(e.to_string()))?;
+                }
+            }
             if let Some(expect) = &step.expect {
                 let expected = Value::Object(expect.clone());
                 if !matches_expect(&step.op_name, expect, &actual) {
@@ -165,6 +213,16 @@ impl Runner {
             }
             Op::Inspect => to_value(engine.inspect(now).map(|i| json!(i))),
         }
+    }
+}
+
+/// The tenant a step acts for, if it acts for one.
+fn step_tenant(op: &Op) -> Option<&str> {
+    match op {
+        Op::Admit(a) => a.request.get("tenant").and_then(Value::as_str),
+        Op::Complete(c) => Some(&c.tenant),
+        Op::Reconcile(r) => Some(&r.tenant),
+        Op::Dispatch(_) | Op::SetDownstream(_) | Op::SwapPolicy(_) | Op::Inspect => None,
     }
 }
 

@@ -1,7 +1,8 @@
-//! The one writer: work from every caller is queued to one thread, which runs it in
+//! The writer: work from every caller is queued to a writer thread, which runs it in
 //! batches, one store transaction per batch (group commit), each piece all or nothing.
 //! A piece is answered only after its batch committed. Batches are taken from the intake
-//! round robin across tenants (see `intake`).
+//! round robin across tenants (see `intake`). A writer has one thread, or one per shard
+//! on a store replicas share: a tenant's work goes to one shard (see `shard`).
 //!
 //! A program on tokio calls it with `.await` and never blocks a worker thread on the
 //! engine's lock: the typed methods ([`Writer::admit`], [`Writer::complete`],
@@ -12,6 +13,7 @@
 
 mod health;
 mod intake;
+mod shard;
 
 pub use health::{StoreHealth, Trouble};
 
@@ -19,10 +21,9 @@ use crate::engine::{
     Answer, Completion, CompletionAnswer, Decision, DispatchAnswer, Engine, Inspection, Job,
     JobTimes, OperationView, OperationsPage, Page, Reconciliation, Sweep, TenantLevels,
 };
-use crate::maintenance::{self, Maintenance};
+use crate::maintenance;
 use crate::model::{OpState, Request};
 use crate::store::{Store, StoreError};
-use intake::Intake;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -132,34 +133,41 @@ struct Reply {
 /// The handle callers submit work through; clone it freely. The writer finishes (and
 /// commits) what it was given and ends once every handle is dropped.
 pub struct Writer {
-    intake: Arc<Intake<(Job, Reply)>>,
+    shards: Arc<[Shard]>,
+}
+
+/// One shard's intake, and the store's state as its thread last found it.
+struct Shard {
+    intake: Arc<shard::Intake>,
     health: Arc<StoreHealth>,
 }
 
 impl Clone for Writer {
     fn clone(&self) -> Self {
-        self.intake.add_sender();
+        for s in self.shards.iter() {
+            s.intake.add_sender();
+        }
         Writer {
-            intake: self.intake.clone(),
-            health: self.health.clone(),
+            shards: self.shards.clone(),
         }
     }
 }
 
 impl Drop for Writer {
     fn drop(&mut self) {
-        self.intake.remove_sender();
+        for s in self.shards.iter() {
+            s.intake.remove_sender();
+        }
     }
 }
 
-/// Closes the intake when the writer thread ends, unwinding included, so that nobody
-/// waits for an answer that will not come.
-struct CloseOnExit<'a>(&'a Intake<(Job, Reply)>);
-
-impl Drop for CloseOnExit<'_> {
-    fn drop(&mut self) {
-        self.0.close();
-    }
+/// The shard of `shards` that tenant `tenant`'s jobs go to: the same for a name in every
+/// process (FNV-1a of its bytes).
+pub fn shard_of(tenant: &str, shards: usize) -> usize {
+    let hash = tenant.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    (hash % shards.max(1) as u64) as usize
 }
 
 /// A job answered with another job's answer: a bug in the writer, never the caller's.
@@ -178,93 +186,71 @@ impl Writer {
         submitters: usize,
         observer: Arc<dyn WriterObserver>,
     ) -> (Writer, JoinHandle<()>) {
+        Self::start_shards(vec![engine], submitters, observer)
+    }
+
+    /// As [`Writer::start`], with one shard per engine: each its own thread, intake, batches
+    /// and transactions. A tenant's jobs all go to one shard ([`shard_of`] its name), jobs
+    /// for no tenant to the first. The engines share one store, each a holder of leases on
+    /// the budgets tenants share (see [`Engine::hold_leases`]), so that what they admit
+    /// together never exceeds a budget. The returned thread ends once every shard's has.
+    ///
+    /// # Panics
+    /// When `engines` is empty.
+    pub fn start_shards<S: Store + Send + 'static>(
+        engines: Vec<Arc<Engine<S>>>,
+        submitters: usize,
+        observer: Arc<dyn WriterObserver>,
+    ) -> (Writer, JoinHandle<()>) {
+        assert!(!engines.is_empty(), "a writer needs an engine");
         let bound = QUEUE_BOUND.max(submitters.saturating_add(SPARE_ROOM));
-        let intake = Arc::new(Intake::new(bound));
-        let follower = intake.clone();
-        maintenance::follow_policy(engine.clone(), move || follower.is_closed());
-        let taken = intake.clone();
-        let health = Arc::new(StoreHealth::default());
-        let found = health.clone();
-        let handle = std::thread::Builder::new()
-            .name(WRITER_THREAD.into())
-            .spawn(move || {
-                let _close = CloseOnExit(&taken);
-                let mut housekeeping = Maintenance::new(engine.clone(), observer.clone());
-                while let Some(batch) = taken.take(MAX_BATCH, maintenance::SYNC_EVERY) {
-                    housekeeping.run_due();
-                    if batch.is_empty() {
-                        // Idle while the store cannot write: a probe finds when it can.
-                        if found.probe_due(std::time::Instant::now()) {
-                            let now_ms = std::time::SystemTime::now()
-                                .duration_since(std::time::UNIX_EPOCH)
-                                .map_or(0, |d| d.as_millis() as i64);
-                            let trouble = engine
-                                .probe_write(now_ms)
-                                .err()
-                                .and_then(|e| Trouble::of(&e));
-                            if found.record(trouble.clone()) {
-                                observer.store_state(trouble.as_ref());
-                            }
-                        }
-                        continue;
+        let mut shards = Vec::with_capacity(engines.len());
+        let mut threads = Vec::with_capacity(engines.len());
+        for engine in engines {
+            let intake = Arc::new(shard::Intake::new(bound));
+            let follower = intake.clone();
+            maintenance::follow_policy(engine.clone(), move || follower.is_closed());
+            let health = Arc::new(StoreHealth::default());
+            let (taken, found, observer) = (intake.clone(), health.clone(), observer.clone());
+            let thread = std::thread::Builder::new()
+                .name(WRITER_THREAD.into())
+                .spawn(move || shard::run(engine, taken, found, observer))
+                .expect("spawn the writer thread");
+            threads.push(thread);
+            shards.push(Shard { intake, health });
+        }
+        let handle = if threads.len() == 1 {
+            threads.pop().expect("one thread")
+        } else {
+            std::thread::Builder::new()
+                .name("tollgate-writers".into())
+                .spawn(move || {
+                    for t in threads {
+                        let _ = t.join();
                     }
-                    // Replicas on a shared store all use its clock, read in the batch's
-                    // transaction, so that skewed machine clocks cannot mint credits.
-                    let (jobs, replies): (Vec<Job>, Vec<Reply>) = batch.into_iter().unzip();
-                    let started = Instant::now();
-                    let mut times = Vec::new();
-                    let result = if replies.iter().any(|r| r.traced.is_some()) {
-                        engine.run_batch_timed(&jobs, &mut times)
-                    } else {
-                        engine.run_batch_at_store_time(&jobs)
-                    };
-                    let ended = Instant::now();
-                    observer.batch(jobs.len(), ended - started);
-                    // Whether the store wrote: a batch that failed for its absence, or
-                    // one of whose jobs did, says it cannot; one that committed, that it can.
-                    let trouble = match &result {
-                        Err(e) => Trouble::of(e),
-                        Ok(answers) => answers
-                            .iter()
-                            .find_map(|a| a.as_ref().err().and_then(Trouble::of)),
-                    };
-                    let wrote = result.is_ok() || trouble.is_some();
-                    if let Some(t) = &trouble {
-                        observer.write_failed(t);
-                    }
-                    if wrote && found.record(trouble.clone()) {
-                        observer.store_state(trouble.as_ref());
-                    }
-                    let answers: Vec<Result<Answer, Failure>> = match result {
-                        Ok(answers) => answers
-                            .into_iter()
-                            .map(|a| a.map_err(|e| Failure::of(&e)))
-                            .collect(),
-                        Err(e) => replies.iter().map(|_| Err(Failure::of(&e))).collect(),
-                    };
-                    let batch = BatchTimes {
-                        started,
-                        ended,
-                        jobs: times,
-                    };
-                    deliver(replies, answers, &batch, &observer);
-                }
-                // A replica that stops gives its unused leases to the others at once.
-                housekeeping.stop_leases();
-            })
-            .expect("spawn the writer thread");
-        (Writer { intake, health }, handle)
+                })
+                .expect("spawn the writers' joiner")
+        };
+        let writer = Writer {
+            shards: shards.into(),
+        };
+        (writer, handle)
     }
 
     /// Why the store cannot write now, as the writer last found it (`None`: it writes).
     pub fn store_trouble(&self) -> Option<Trouble> {
-        self.health.trouble()
+        self.shards.iter().find_map(|s| s.health.trouble())
     }
 
-    /// Whether the writer thread still takes jobs (it closes the intake when it ends,
+    /// Whether every shard's thread still takes jobs (each closes its intake when it ends,
     /// unwinding included).
     pub fn is_running(&self) -> bool {
-        !self.intake.is_closed()
+        self.shards.iter().all(|s| !s.intake.is_closed())
+    }
+
+    /// How many shards the writer has.
+    pub fn shards(&self) -> usize {
+        self.shards.len()
     }
 
     /// Submits one job and waits for its committed answer.
@@ -277,7 +263,12 @@ impl Writer {
             traced: (!span.is_disabled()).then(|| (span, Instant::now())),
         };
         let lane = job.tenant().map(str::to_string);
-        self.intake
+        let shard = match &lane {
+            Some(tenant) if self.shards.len() > 1 => shard_of(tenant, self.shards.len()),
+            _ => 0,
+        };
+        self.shards[shard]
+            .intake
             .send(lane, (job, reply))
             .await
             .map_err(|_| Failure::Failed("the writer has stopped".into()))?;
@@ -438,61 +429,6 @@ impl Writer {
     }
 }
 
-/// When a batch ran, and each of its jobs when it was timed.
-struct BatchTimes {
-    started: Instant,
-    ended: Instant,
-    jobs: Vec<Option<JobTimes>>,
-}
-
-/// Answers a committed batch. Waking a waiting request from outside the runtime costs a
-/// system call whenever a worker sleeps, which is most of the time while the writer is the
-/// busy one; so the batch's answers go to the runtime as one task, which wakes the
-/// requests from inside (one wake-up per batch instead of one per request).
-fn deliver(
-    replies: Vec<Reply>,
-    answers: Vec<Result<Answer, Failure>>,
-    batch: &BatchTimes,
-    observer: &Arc<dyn WriterObserver>,
-) {
-    // The newest submitter's runtime is the one most surely still running.
-    let runtime = replies.iter().rev().find_map(|r| r.runtime.clone());
-    // Traced jobs' times, told to the observer with the answers (off this thread).
-    let jobs = replies.len();
-    let traced: Vec<(tracing::Span, Stamps)> = replies
-        .iter()
-        .enumerate()
-        .filter_map(|(i, r)| {
-            let (span, queued) = r.traced.clone()?;
-            let stamps = Stamps {
-                queued,
-                batch_started: batch.started,
-                job: batch.jobs.get(i).copied().flatten(),
-                batch_ended: batch.ended,
-                batch_jobs: jobs,
-            };
-            Some((span, stamps))
-        })
-        .collect();
-    let observer = (!traced.is_empty()).then(|| observer.clone());
-    let send_all = move || {
-        if let Some(observer) = observer {
-            for (span, stamps) in &traced {
-                observer.traced(span, stamps);
-            }
-        }
-        for (reply, answer) in replies.into_iter().zip(answers) {
-            let _ = reply.to.send(answer);
-        }
-    };
-    match runtime {
-        Some(runtime) => {
-            runtime.spawn(async move { send_all() });
-        }
-        None => send_all(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -517,7 +453,7 @@ mod tests {
         }
         assert!(writer.is_running());
         // A writer thread that ends (here: closed as its unwinding would) is seen as stopped.
-        writer.intake.close();
+        writer.shards[0].intake.close();
         assert!(!writer.is_running());
         let stopped = tokio::runtime::Builder::new_current_thread()
             .build()

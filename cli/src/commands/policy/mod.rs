@@ -218,7 +218,7 @@ fn test(
     let runtime = tollgate_cli::runtime::runtime()?;
     let mut runner = tollgate::scenario::Runner::new(runtime);
     runner.default_policy = component.display().to_string();
-    let (p, f) = super::conformance::run_files(&runner, files, None);
+    let (p, f) = super::conformance::run_files(&runner, files, None, 1);
     println!("{} passed, {} failed", passed + p, failed + f);
     Ok(if failed + f == 0 {
         ExitCode::SUCCESS

@@ -172,6 +172,12 @@ impl Holder {
         };
         match slice {
             Slice::Lease(size) => {
+                // A slot count is kept in whole slots: a lease of a part of one would
+                // strand that part when it came back.
+                let size = match row {
+                    SharedRow::Slots(_) => size - size.rem_euclid(crate::bucket::MICRO),
+                    SharedRow::Bucket(_) => size,
+                };
                 let (next, taken) = shared.take(limits, size.max(need), now_ms);
                 if let Some(spent) = taken.spend(credits, now_ms) {
                     self.saw(&budget, next.bucket.balance_micro);

@@ -271,6 +271,33 @@ impl<S: crate::store::Store> crate::engine::Engine<S> {
         Ok(out)
     }
 
+    /// What sits unspent in every listed holder's leases of each shared budget, in
+    /// micro-credits (a slot scope as `slots:<scope>`, a slot being one credit): `inspect`
+    /// counts it as available, so that it shows each budget whole however it is leased.
+    pub(in crate::engine) fn unspent_in_leases(
+        &self,
+        tx: &mut dyn Tx,
+    ) -> Result<BTreeMap<String, i64>, StoreError> {
+        let mut out = BTreeMap::new();
+        if self.holder().is_none() {
+            return Ok(out);
+        }
+        let holders = listed_holders(tx)?;
+        for row in self.shared_budgets().rows() {
+            let budget = row.budget();
+            let mut unspent = 0i64;
+            for holder in &holders {
+                if let Some(l) = read_lease(tx, holder, &budget)? {
+                    unspent = unspent.saturating_add(l.remaining_micro.max(0));
+                }
+            }
+            if unspent > 0 {
+                out.insert(budget, unspent);
+            }
+        }
+        Ok(out)
+    }
+
     /// Renews this holder's registration, gives back expired leases (its own, and a dead
     /// holder's) and counts the live holders, at `now_ms` (the store's clock): one
     /// transaction beside other holders' batches (and, when a holder joins or is forgotten,

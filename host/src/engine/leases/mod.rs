@@ -23,7 +23,7 @@ mod rows;
 
 pub(crate) use holder::{Holder, Taken};
 pub use keeper::LeaseKeep;
-pub(crate) use rows::{RowWrite, SharedRow};
+pub(crate) use rows::{slots_budget, RowWrite, SharedRow};
 
 use crate::model::names;
 

@@ -8,7 +8,7 @@ use crate::engine::budgets::{BucketRef, SlotRef};
 use crate::lease::{Lease, Shared};
 use crate::store::{StoreError, Tx};
 
-pub(super) fn slots_budget(scope: &str) -> String {
+pub(crate) fn slots_budget(scope: &str) -> String {
     format!("slots:{scope}")
 }
 
