@@ -349,6 +349,14 @@ pub trait Tx {
     fn prefetch(&mut self, _hint: &Prefetch) -> Result<(), StoreError> {
         Ok(())
     }
+    /// Holds and reads ahead the buckets and slot counts `hint` names, in as few round
+    /// trips as the store can, before a job reads them: on a store replicas share, those
+    /// its transaction did not name when it began are locked only if free at once
+    /// ([`StoreError::Contended`] when one is not, as a single read would find). A store
+    /// owned by one process reads them as it reads any row.
+    fn reach(&mut self, hint: &Prefetch) -> Result<(), StoreError> {
+        self.prefetch(hint)
+    }
     /// The shared store's clock in Unix ms as this transaction read it (after its locks),
     /// the one clock of every replica; `None` for a store owned by one process.
     fn store_now_ms(&mut self) -> Result<Option<i64>, StoreError> {

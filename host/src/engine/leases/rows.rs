@@ -52,8 +52,18 @@ impl SharedRow<'_> {
         }
     }
 
-    /// The shared row and the credits leased out of it.
+    /// The shared row and the credits leased out of it, both reached in one go (a batch
+    /// that did not name them locks them only if free at once).
     pub(super) fn read(&self, tx: &mut dyn Tx, now_ms: i64) -> Result<Shared, StoreError> {
+        let mut hint = crate::store::Prefetch {
+            buckets: vec![leased_row(&self.budget())],
+            ..crate::store::Prefetch::default()
+        };
+        match self {
+            SharedRow::Bucket(b) => hint.buckets.push(b.name.clone()),
+            SharedRow::Slots(s) => hint.slots.push(s.scope.clone()),
+        }
+        tx.reach(&hint)?;
         let leased_micro = tx
             .bucket(&leased_row(&self.budget()))?
             .map_or(0, |s| s.balance_micro.max(0));

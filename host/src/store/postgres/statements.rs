@@ -53,6 +53,8 @@ statements! {
         SELECT 1";
     clock = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint";
     try_lock = "SELECT pg_try_advisory_xact_lock($1, $2)";
+    try_locks = "SELECT count(*) FILTER (WHERE NOT pg_try_advisory_xact_lock(a, b))
+        FROM unnest($1::int4[], $2::int4[]) AS t(a, b)";
     operation = "SELECT record FROM operations WHERE tenant = $1 AND key = $2";
     operations = "SELECT tenant, key, record FROM operations ORDER BY tenant, key";
     operations_after = "SELECT tenant, key, record FROM operations

@@ -152,6 +152,36 @@ impl Tx for PgTx<'_> {
         self.now_ms.get_or_insert(now_ms);
         Ok(())
     }
+    /// Locks every row of `hint` not held yet in one statement (each only if free at
+    /// once), then reads those not cached in another.
+    fn reach(&mut self, hint: &Prefetch) -> Result<(), StoreError> {
+        if let Held::Shared(held) = &mut *self.held {
+            let mut wanted: Vec<RowLock> = hint
+                .buckets
+                .iter()
+                .map(|b| RowLock::bucket(b))
+                .chain(hint.slots.iter().map(|s| RowLock::slots(s)))
+                .filter(|r| !held.contains(r))
+                .collect();
+            wanted.sort_unstable();
+            wanted.dedup();
+            if !wanted.is_empty() {
+                let (a, b): (Vec<i32>, Vec<i32>) = wanted.iter().map(|r| r.keys()).unzip();
+                let missed: i64 = self.client.query_one(&self.st.try_locks, &[&a, &b])?.get(0);
+                if missed > 0 {
+                    return Err(StoreError::Contended);
+                }
+                held.extend(wanted);
+            }
+        }
+        let wanted = Wanted::of(hint, self.rows, self.ops);
+        if wanted.buckets.is_empty() && wanted.slots.is_empty() {
+            return Ok(());
+        }
+        let now_ms = wanted.read(self.client, &self.st.prefetch, self.rows, self.ops)?;
+        self.now_ms.get_or_insert(now_ms);
+        Ok(())
+    }
     fn store_now_ms(&mut self) -> Result<Option<i64>, StoreError> {
         if self.now_ms.is_none() {
             self.now_ms = Some(self.client.query_one(&self.st.clock, &[])?.get(0));
