@@ -174,6 +174,31 @@ fn writer_shards_lease_killed_under_load_keep_every_acknowledged_admission() {
     // Whole budgets in `inspect`: what is unspent in leases counts as available.
     assert_eq!(view["buckets"]["global.requests"], BUDGET - 120, "{view}");
 
+    // A tenant and its key made through the admin API admit at once, whichever shard
+    // their name picks.
+    for n in 0..8 {
+        let tenant = format!("new{n}");
+        let (status, _, answer) = server.call(
+            "PUT",
+            &format!("/v1/admin/tenants/{tenant}"),
+            Some(ADMIN),
+            Some("{}"),
+        );
+        assert_eq!(status, 200, "{answer}");
+        let (status, _, made) = server.call(
+            "POST",
+            "/v1/admin/keys",
+            Some(ADMIN),
+            Some(&json!({"role": "caller", "tenant": tenant}).to_string()),
+        );
+        assert_eq!(status, 200, "{made}");
+        let body = json!({"key": format!("first-{n}"), "route": "interactive", "input_tokens": 10,
+                          "max_output_tokens": 10, "deadline_ms": now_ms() + 600_000});
+        let (status, answer) = post(&base, "/v1/admit", made["key"].as_str().unwrap(), &body);
+        assert_eq!(status, 200, "{tenant}: {answer}");
+    }
+    let first = first + 8;
+
     // Killed under load: each caller records the admissions acknowledged to it.
     let acknowledged = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let callers: Vec<_> = (0..CALLERS)
@@ -222,6 +247,7 @@ fn writer_shards_lease_killed_under_load_keep_every_acknowledged_admission() {
     assert!(view.get("leased").is_none(), "still leased: {view}");
     let left = view["buckets"]["global.requests"].as_u64().unwrap();
     assert!(stored.len() as u64 <= BUDGET, "{} admitted", stored.len());
+    assert!(stored.len() >= first + acknowledged.len());
     assert_eq!(
         left + stored.len() as u64,
         BUDGET,

@@ -350,7 +350,100 @@ impl<S: Store> Engine<S> {
 
 #[cfg(test)]
 mod tests {
-    use super::sampled;
+    use super::*;
+
+    fn report(
+        sha: &str,
+        decisions: u64,
+        agreements: u64,
+        pairs: &[(&str, &str, u64)],
+        at: &[i64],
+    ) -> ShadowReport {
+        ShadowReport {
+            policy: PolicyIdentity {
+                name: "p".into(),
+                version: "1".into(),
+                sha256: sha.into(),
+                world: "0.3.0".into(),
+            },
+            sample: 1.0,
+            decisions,
+            agreements,
+            disagreements: decisions - agreements,
+            by_outcome: pairs
+                .iter()
+                .map(|(a, s, count)| OutcomePair {
+                    active: a.to_string(),
+                    shadow: s.to_string(),
+                    count: *count,
+                })
+                .collect(),
+            recent_disagreements: at
+                .iter()
+                .map(|&at_ms| Disagreement {
+                    at_ms,
+                    tenant: "t".into(),
+                    key: format!("k{at_ms}"),
+                    route: Route::Interactive,
+                    input_tokens: 1,
+                    max_output_tokens: 1,
+                    model: None,
+                    priority: Priority::Standard,
+                    labels: BTreeMap::new(),
+                    active: "accepted".into(),
+                    shadow: "rejected:global_rate".into(),
+                    active_plan: None,
+                    shadow_plan: None,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn shards_reports_add_up_and_keep_the_latest_disagreements() {
+        let a = report(
+            "x",
+            10,
+            8,
+            &[("accepted", "accepted", 8), ("accepted", "queued", 2)],
+            &[1, 5],
+        );
+        let older: Vec<i64> = (100..120).collect();
+        let b = report(
+            "x",
+            30,
+            10,
+            &[("accepted", "accepted", 10), ("queued", "queued", 0)],
+            &older,
+        );
+        let merged = a.merge(b);
+        assert_eq!(
+            (merged.decisions, merged.agreements, merged.disagreements),
+            (40, 18, 22)
+        );
+        let count = |x: &str, y: &str| {
+            merged
+                .by_outcome
+                .iter()
+                .find(|p| p.active == x && p.shadow == y)
+                .map(|p| p.count)
+        };
+        assert_eq!(count("accepted", "accepted"), Some(18));
+        assert_eq!(count("accepted", "queued"), Some(2));
+        assert_eq!(count("queued", "queued"), Some(0));
+        let kept: Vec<i64> = merged
+            .recent_disagreements
+            .iter()
+            .map(|d| d.at_ms)
+            .collect();
+        assert_eq!(
+            kept, older,
+            "the newest {RECENT_DISAGREEMENTS}, newest last"
+        );
+        // Another shadow's counts are not added.
+        let other = report("y", 5, 5, &[], &[]);
+        assert_eq!(merged.merge(other).decisions, 40);
+    }
 
     #[test]
     fn sampling_is_by_key_and_near_the_asked_share() {

@@ -440,6 +440,57 @@ mod tests {
     }
 
     #[test]
+    fn shards_take_each_tenant_to_the_engine_its_name_picks() {
+        // Two engines told apart by their tenants' request capacity.
+        let tenants: Vec<String> = (0..16).map(|n| format!("t{n}")).collect();
+        let engine = |capacity: u32| {
+            let config: serde_json::Map<String, serde_json::Value> = tenants
+                .iter()
+                .map(|t| (t.clone(), serde_json::json!({})))
+                .collect();
+            Arc::new(crate::engine::test_engine(&serde_json::json!({
+                "tenant_defaults": {"requests": {"capacity": capacity, "refill_per_s": 1}},
+                "tenants": config,
+            })))
+        };
+        let (writer, thread) =
+            Writer::start_shards(vec![engine(5), engine(7)], 1, Arc::new(NoObserver));
+        assert_eq!(writer.shards(), 2);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let mut seen = [0, 0];
+        for t in &tenants {
+            let levels = rt
+                .block_on(writer.tenant_levels(t.clone(), 0))
+                .unwrap()
+                .unwrap();
+            let shard = shard_of(t, 2);
+            assert_eq!(levels.requests.capacity, [5, 7][shard], "{t}");
+            seen[shard] += 1;
+        }
+        assert!(
+            seen[0] > 0 && seen[1] > 0,
+            "one shard took every tenant: {seen:?}"
+        );
+        drop(writer);
+        thread.join().unwrap();
+    }
+
+    #[test]
+    fn a_tenant_keeps_its_shard() {
+        for n in 1..8 {
+            for t in ["acme", "globex", "t00623", ""] {
+                let s = shard_of(t, n);
+                assert!(s < n);
+                assert_eq!(s, shard_of(t, n));
+            }
+        }
+        assert_eq!(shard_of("acme", 1), 0);
+    }
+
+    #[test]
     fn answers_reach_a_submitter_whose_runtime_started_after_another_ended() {
         let (writer, thread) = Writer::start(engine(), 1, Arc::new(NoObserver));
         // Each runtime is gone before the next one submits.
