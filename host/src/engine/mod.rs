@@ -364,13 +364,13 @@ impl<S: Store> Engine<S> {
         let mut resets_at = BTreeMap::new();
         let mut period_limits = BTreeMap::new();
         // Each budget whole: what sits unspent in holders' leases is available too.
-        let in_leases = self.unspent_in_leases(tx)?;
+        let in_leases = self.in_leases(tx)?;
         let mut record = |tx: &mut dyn Tx, b: &BucketRef| -> Result<(), StoreError> {
             let mut level = b.level(tx, now_ms)?;
-            if let Some(unspent) = in_leases.get(&b.name) {
+            if let Some(held) = in_leases.get(&b.name) {
                 level.balance_micro = level
                     .balance_micro
-                    .saturating_add(*unspent)
+                    .saturating_add(held.unspent_micro)
                     .min(b.limits.capacity_micro);
             }
             buckets.insert(b.name.clone(), level.whole_credits());
@@ -389,7 +389,7 @@ impl<S: Store> Engine<S> {
         record(tx, &Budgets::global_requests(&self.config()))?;
         let free_in_leases = in_leases
             .get(&leases::slots_budget(names::GLOBAL_SLOTS))
-            .map_or(0, |unspent| unspent / crate::bucket::MICRO);
+            .map_or(0, |held| held.unspent_micro / crate::bucket::MICRO);
         slots.insert(
             names::GLOBAL_SLOTS.to_string(),
             tx.slots_in_use(names::GLOBAL_SLOTS)?
@@ -442,7 +442,11 @@ impl<S: Store> Engine<S> {
             buckets,
             resets_at,
             period_limits,
-            leased: self.leased_out(tx)?,
+            leased: in_leases
+                .iter()
+                .map(|(budget, held)| (budget.clone(), held.leased_micro / crate::bucket::MICRO))
+                .filter(|&(_, n)| n > 0)
+                .collect(),
             slots,
             queues,
             queue_age_ms,

@@ -9,7 +9,7 @@ use super::rows::{
     SharedRow,
 };
 use super::{FORGET_AFTER_MS, HOLDERS_META, HOLDER_LIFE_MS};
-use crate::bucket::{State, MICRO};
+use crate::bucket::State;
 use crate::engine::budgets::{BucketRef, SlotRef};
 use crate::lease::Shared;
 use crate::store::{Prefetch, StoreError, Tx};
@@ -249,35 +249,12 @@ impl<S: crate::store::Store> crate::engine::Engine<S> {
         }
     }
 
-    /// Credits leased out of each shared budget now (whole credits; none listed when no
-    /// lease is out), for `inspect`: the shared rows show what is not leased.
-    pub(in crate::engine) fn leased_out(
+    /// What is in leases of each shared budget now, for `inspect` (none listed when no
+    /// lease is out; a slot scope as `slots:<scope>`, a slot being one credit).
+    pub(in crate::engine) fn in_leases(
         &self,
         tx: &mut dyn Tx,
-    ) -> Result<BTreeMap<String, i64>, StoreError> {
-        let mut out = BTreeMap::new();
-        if self.holder().is_none() {
-            return Ok(out);
-        }
-        for row in self.shared_budgets().rows() {
-            let budget = row.budget();
-            let n = tx
-                .bucket(&leased_row(&budget))?
-                .map_or(0, |s| s.balance_micro.max(0) / MICRO);
-            if n > 0 {
-                out.insert(budget, n);
-            }
-        }
-        Ok(out)
-    }
-
-    /// What sits unspent in every listed holder's leases of each shared budget, in
-    /// micro-credits (a slot scope as `slots:<scope>`, a slot being one credit): `inspect`
-    /// counts it as available, so that it shows each budget whole however it is leased.
-    pub(in crate::engine) fn unspent_in_leases(
-        &self,
-        tx: &mut dyn Tx,
-    ) -> Result<BTreeMap<String, i64>, StoreError> {
+    ) -> Result<BTreeMap<String, InLeases>, StoreError> {
         let mut out = BTreeMap::new();
         if self.holder().is_none() {
             return Ok(out);
@@ -285,14 +262,21 @@ impl<S: crate::store::Store> crate::engine::Engine<S> {
         let holders = listed_holders(tx)?;
         for row in self.shared_budgets().rows() {
             let budget = row.budget();
-            let mut unspent = 0i64;
+            let leased_micro = tx
+                .bucket(&leased_row(&budget))?
+                .map_or(0, |s| s.balance_micro.max(0));
+            let mut unspent_micro = 0i64;
             for holder in &holders {
                 if let Some(l) = read_lease(tx, holder, &budget)? {
-                    unspent = unspent.saturating_add(l.remaining_micro.max(0));
+                    unspent_micro = unspent_micro.saturating_add(l.remaining_micro.max(0));
                 }
             }
-            if unspent > 0 {
-                out.insert(budget, unspent);
+            if leased_micro > 0 || unspent_micro > 0 {
+                let held = InLeases {
+                    leased_micro,
+                    unspent_micro,
+                };
+                out.insert(budget, held);
             }
         }
         Ok(out)
@@ -349,6 +333,15 @@ impl<S: crate::store::Store> crate::engine::Engine<S> {
         let shared = self.shared_budgets();
         self.transaction(|tx| holder.stop(tx, &shared.rows(), now_ms))
     }
+}
+
+/// What one shared budget has in leases.
+#[derive(Clone, Copy, Debug, Default)]
+pub(in crate::engine) struct InLeases {
+    /// Granted to leases, spent or not.
+    pub leased_micro: i64,
+    /// Of that, what is not spent yet: available, though another holder's.
+    pub unspent_micro: i64,
 }
 
 /// The budgets tenants share, as configured now.

@@ -54,6 +54,13 @@ impl PgTx<'_> {
         Ok(self.client.execute(statement, params)?)
     }
 
+    /// Reads `wanted` into the caches in one statement, and the database's clock with it.
+    fn read_ahead(&mut self, wanted: Wanted<'_>) -> Result<(), StoreError> {
+        let now_ms = wanted.read(self.client, &self.st.prefetch, self.rows, self.ops)?;
+        self.now_ms.get_or_insert(now_ms);
+        Ok(())
+    }
+
     /// Holds `row`'s lock: already held, or taken now if it is free at once (never a wait
     /// out of order); [`StoreError::Contended`] when another replica holds it.
     fn need(&mut self, row: RowLock) -> Result<(), StoreError> {
@@ -143,14 +150,7 @@ impl Tx for PgTx<'_> {
     /// Reads the hint's rows in one statement. The transaction holds them already (their
     /// locks or the whole store), so what is read stays true until the commit.
     fn prefetch(&mut self, hint: &Prefetch) -> Result<(), StoreError> {
-        let now_ms = Wanted::of(hint, self.rows, self.ops).read(
-            self.client,
-            &self.st.prefetch,
-            self.rows,
-            self.ops,
-        )?;
-        self.now_ms.get_or_insert(now_ms);
-        Ok(())
+        self.read_ahead(Wanted::of(hint, self.rows, self.ops))
     }
     /// Locks every row of `hint` not held yet in one statement (each only if free at
     /// once), then reads those not cached in another.
@@ -178,9 +178,7 @@ impl Tx for PgTx<'_> {
         if wanted.buckets.is_empty() && wanted.slots.is_empty() {
             return Ok(());
         }
-        let now_ms = wanted.read(self.client, &self.st.prefetch, self.rows, self.ops)?;
-        self.now_ms.get_or_insert(now_ms);
-        Ok(())
+        self.read_ahead(wanted)
     }
     fn store_now_ms(&mut self) -> Result<Option<i64>, StoreError> {
         if self.now_ms.is_none() {
