@@ -4,10 +4,11 @@
 //! return), and once the leases are back every credit is there to admit
 //! (docs/design.md, "Leases for shared budgets"). The same within one process: `serve
 //! --writers 4`, killed with `kill -9` under load, keeps every admission it acknowledged
-//! and loses no credit.
+//! and loses no credit, on PostgreSQL (its shards leasing) and on a SQLite file (its shards
+//! taking turns on one connection).
 //!
-//! Needs a PostgreSQL server: `.ci/run` runs it with `TOLLGATE_TEST_POSTGRES` set
-//! (`cargo test --release --test replica_leases -- --ignored`).
+//! The PostgreSQL tests need a server: `.ci/run` runs them with `TOLLGATE_TEST_POSTGRES`
+//! set (`cargo test --release --test replica_leases -- --ignored`).
 
 mod common;
 
@@ -160,16 +161,32 @@ fn stored_keys(base: &str) -> std::collections::BTreeSet<String> {
 fn writer_shards_lease_killed_under_load_keep_every_acknowledged_admission() {
     let db = Database::create("shards");
     let dir = tempfile::tempdir().unwrap();
-    let server = replica_with(dir.path(), 1, &db.url(), &["--writers", "4"]);
+    shards_killed_under_load(dir.path(), &db.url(), true);
+}
+
+#[test]
+fn writer_shards_on_sqlite_killed_under_load_keep_every_acknowledged_admission() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("shards.db");
+    shards_killed_under_load(dir.path(), db.to_str().unwrap(), false);
+}
+
+/// One `serve --writers 4` process on `db`: six tenants admit, tenants made through the
+/// admin API admit at once, and killed with `kill -9` under load it keeps every admission
+/// it acknowledged and loses no credit. `leasing`: whether the shards lease the global
+/// budget (on PostgreSQL; on SQLite they take turns on one connection).
+fn shards_killed_under_load(dir: &Path, db: &str, leasing: bool) {
+    let server = replica_with(dir, 1, db, &["--writers", "4"]);
     let base = server.base.clone();
     std::thread::sleep(Duration::from_millis(1_200));
-    // Six tenants over four shards: every admission fits, and the shards lease.
+    // Six tenants over four shards: every admission fits.
     let first = load(std::slice::from_ref(&base), 20, "a");
     assert_eq!(first, 120, "the budget holds 300: all 120 fit");
     let view = inspect(&base);
-    assert!(
+    assert_eq!(
         view["leased"]["global.requests"].as_i64().unwrap_or(0) > 0,
-        "no lease out while four shards admit: {view}"
+        leasing,
+        "leases while four shards admit: {view}"
     );
     // Whole budgets in `inspect`: what is unspent in leases counts as available.
     assert_eq!(view["buckets"]["global.requests"], BUDGET - 120, "{view}");
@@ -233,7 +250,7 @@ fn writer_shards_lease_killed_under_load_keep_every_acknowledged_admission() {
     assert!(!acknowledged.is_empty(), "nothing admitted before the kill");
 
     // Started again on the same store: every acknowledged admission is there.
-    let again = replica_with(dir.path(), 2, &db.url(), &["--writers", "4"]);
+    let again = replica_with(dir, 2, db, &["--writers", "4"]);
     let stored = stored_keys(&again.base);
     let lost: Vec<_> = acknowledged
         .iter()
@@ -242,7 +259,9 @@ fn writer_shards_lease_killed_under_load_keep_every_acknowledged_admission() {
     assert!(lost.is_empty(), "acknowledged, then lost: {lost:?}");
     // Once the dead process's leases are back, no credit is lost: the budget is what the
     // stored admissions left, and they never exceed it.
-    std::thread::sleep(Duration::from_millis(3_500));
+    if leasing {
+        std::thread::sleep(Duration::from_millis(3_500));
+    }
     let view = inspect(&again.base);
     assert!(view.get("leased").is_none(), "still leased: {view}");
     let left = view["buckets"]["global.requests"].as_u64().unwrap();

@@ -181,6 +181,16 @@ pub fn start_serve(
     dir: &Path,
     config: &serde_json::Value,
 ) -> Result<(ServeProcess, std::net::SocketAddr), String> {
+    start_serve_with(serve, dir, config, &[])
+}
+
+/// As [`start_serve`], with more arguments for `serve` (`--writers N`).
+pub fn start_serve_with(
+    serve: &Path,
+    dir: &Path,
+    config: &serde_json::Value,
+    extra: &[String],
+) -> Result<(ServeProcess, std::net::SocketAddr), String> {
     use std::process::{Command, Stdio};
     let config_path = dir.join("serve.json");
     std::fs::write(&config_path, config.to_string()).map_err(|e| e.to_string())?;
@@ -201,6 +211,7 @@ pub fn start_serve(
         .arg("--db")
         .arg(&db)
         .args(["--listen", &addr.to_string()])
+        .args(extra)
         .stdout(Stdio::null())
         .stderr(log)
         .spawn()
@@ -226,15 +237,17 @@ pub fn start_serve(
 /// Runs `serve` (the `tollgate` executable) as its own process on a SQLite file in `dir`,
 /// exactly as an operator starts it (its logs go to `dir/serve.log`), and drives it from
 /// this process with `connections` keep-alive HTTP/1.1 connections, `requests` admissions
-/// in all.
+/// in all, with `writers` writer shards (`serve --writers`).
 pub fn http(
     serve: &Path,
     dir: &Path,
     tenants: u32,
     connections: usize,
     requests: u64,
+    writers: usize,
 ) -> Result<HttpFigures, String> {
-    let (server, addr) = start_serve(serve, dir, &http_config(tenants))?;
+    let extra = ["--writers".to_string(), writers.max(1).to_string()];
+    let (server, addr) = start_serve_with(serve, dir, &http_config(tenants), &extra)?;
     let pid = server.0.id();
     // A thread takes its name when it first runs, which may come after the server listens.
     let writer_before = (0..50).find_map(|_| {
@@ -263,20 +276,30 @@ pub fn http(
 
 /// CPU time (user + system, in clock ticks) of a process, or of its thread named `thread`.
 pub fn cpu_ticks(pid: u32, thread: Option<&str>) -> Option<u64> {
-    let stat = match thread {
-        None => std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?,
+    // Fields after the parenthesised command name: utime and stime are the 12th and 13th.
+    let ticks = |stat: &str| -> Option<u64> {
+        let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+        let at = |i: usize| fields.get(i).and_then(|v| v.parse::<u64>().ok());
+        Some(at(11)? + at(12)?)
+    };
+    match thread {
+        None => ticks(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?),
+        // Every thread of that name (the writer's shards are one thread each).
         Some(name) => std::fs::read_dir(format!("/proc/{pid}/task"))
             .ok()?
             .flatten()
-            .find(|t| {
+            .filter(|t| {
                 std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == name)
             })
-            .and_then(|t| std::fs::read_to_string(t.path().join("stat")).ok())?,
-    };
-    // Fields after the parenthesised command name: utime and stime are the 12th and 13th.
-    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<u64>().ok());
-    Some(ticks(11)? + ticks(12)?)
+            .map(|t| {
+                std::fs::read_to_string(t.path().join("stat"))
+                    .ok()
+                    .and_then(|s| ticks(&s))
+            })
+            .try_fold(None, |sum: Option<u64>, t| {
+                Some(Some(sum.unwrap_or(0) + t?))
+            })?,
+    }
 }
 
 /// Clock ticks per second of `/proc` CPU times: Linux reports them in `USER_HZ`, which is

@@ -66,7 +66,8 @@ enum BenchCommand {
         /// Servers sharing the PostgreSQL store, the connections spread over them.
         #[arg(long, default_value_t = 1)]
         replicas: usize,
-        /// Writer shards in each replica (PostgreSQL), each on its own connection.
+        /// Writer shards in each replica: on PostgreSQL each on its own connection, on the
+        /// SQLite file taking turns on one.
         #[arg(long, default_value_t = 1)]
         writers: usize,
         /// Milliseconds added to each round trip between the replicas and PostgreSQL, by a
@@ -184,7 +185,7 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
                 ),
                 None => {
                     let exe = tollgate.map_or_else(serve_executable, Ok)?;
-                    http::http(&exe, &dir, tenants, connections, requests)
+                    http::http(&exe, &dir, tenants, connections, requests, writers)
                 }
             };
             println!(

@@ -49,9 +49,9 @@ pub fn build_with(
     build_shards(config, vec![store], verify_with)
 }
 
-/// As [`build_with`], with one writer shard per store: each an engine of its own on its
-/// own connection to one shared store (PostgreSQL), a tenant's work going to one of them
-/// (`serve --writers N`). The first store's engine applies the configuration and serves
+/// As [`build_with`], with one writer shard per store: each an engine of its own, on its
+/// own connection to one PostgreSQL store or on a handle of one SQLite file's connection
+/// ([`AnyStore::into_shards`]), a tenant's work going to one of them (`serve --writers N`). The first store's engine applies the configuration and serves
 /// the admin API.
 pub fn build_shards(
     config: ConfigFile,
@@ -63,7 +63,7 @@ pub fn build_shards(
     }
     if stores.len() > 1 && stores.iter().any(|s| matches!(s, AnyStore::Sqlite(_))) {
         return Err(
-            "more than one writer needs a store they can share (PostgreSQL): a SQLite file has one writer"
+            "more than one writer on a SQLite file takes handles on its one connection (AnyStore::into_shards)"
                 .into(),
         );
     }
@@ -71,15 +71,18 @@ pub fn build_shards(
     let mut store = stores.pop().expect("one store");
     let verifier = ScenarioVerifier::new(verify_with);
     let metrics = Metrics::new();
-    if let AnyStore::Sqlite(s) = &mut store {
-        // The writer commits; checkpoints (and their fsync) happen beside it.
-        let held = metrics.wal_restart_seconds.clone();
-        s.checkpoint_in_background(
-            CHECKPOINT_EVERY,
-            Some(Arc::new(move |d| held.observe(d.as_secs_f64()))),
-        )
-        .map_err(|e| format!("store: {e}"))?;
-    }
+    // The writer commits; checkpoints (and their fsync) happen beside it.
+    let held = metrics.wal_restart_seconds.clone();
+    let observer: tollgate::store::sqlite::RestartObserver =
+        Arc::new(move |d| held.observe(d.as_secs_f64()));
+    let checkpointed = match &mut store {
+        AnyStore::Sqlite(s) => s.checkpoint_in_background(CHECKPOINT_EVERY, Some(observer)),
+        AnyStore::SqliteShard(s) => {
+            s.with(|s| s.checkpoint_in_background(CHECKPOINT_EVERY, Some(observer)))
+        }
+        _ => Ok(()),
+    };
+    checkpointed.map_err(|e| format!("store: {e}"))?;
     let mut runtime = crate::runtime::runtime()?;
     let histogram = metrics.policy_calls.clone();
     runtime.set_call_observer(Arc::new(move |d| histogram.observe(d.as_secs_f64())));

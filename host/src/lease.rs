@@ -14,6 +14,19 @@ use crate::bucket::{Limits, Shortage, State};
 /// How long a lease lives past its last use, in milliseconds of the store's clock.
 pub const LIFE_MS: i64 = 2_000;
 
+/// A holder leases only once it reserves from shared budgets at least this many times a
+/// second (every budget an admission names counts once): a holder that seldom reserves
+/// locks the shared rows seldom, so it reserves from them directly, which is exact at once
+/// (a lease's spent credits refill only once the lease is back). A busy holder leases every
+/// shared budget, the seldom used ones too, so that its batches lock no shared row.
+pub const LEASE_FROM_RESERVATIONS: i64 = 16;
+
+/// Whether a holder that reserves `per_s` times a second should lease: see
+/// [`LEASE_FROM_RESERVATIONS`].
+pub fn worth_leasing(per_s: i64) -> bool {
+    per_s >= LEASE_FROM_RESERVATIONS
+}
+
 /// A shared budget's row: its bucket, and the credits granted to leases that have not been
 /// given back.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -233,6 +246,8 @@ mod tests {
         assert_eq!(size(8 * unit, 4, 10 * unit, unit), Slice::Lease(unit));
         assert_eq!(size(7 * unit, 4, 10 * unit, unit), Slice::Direct);
         assert_eq!(size(-5, 0, 10, 0), Slice::Direct);
+        assert!(!worth_leasing(15));
+        assert!(worth_leasing(16));
     }
 
     #[test]

@@ -37,6 +37,8 @@ pub struct Maintenance<S: Store> {
     synced: Instant,
     swept: Instant,
     leases_kept: Option<Instant>,
+    /// Whether this engine sweeps (see [`Maintenance::without_sweeps`]).
+    sweeps: bool,
 }
 
 impl<S: Store> Maintenance<S> {
@@ -49,6 +51,17 @@ impl<S: Store> Maintenance<S> {
             synced: now,
             swept: now,
             leases_kept: None,
+            sweeps: true,
+        }
+    }
+
+    /// Housekeeping that leaves the sweeps to another engine of this process on the same
+    /// store (a writer shard other than the first on a SQLite file's one connection): a
+    /// sweep covers the whole store, so one engine sweeping is enough.
+    pub fn without_sweeps(self) -> Self {
+        Maintenance {
+            sweeps: false,
+            ..self
         }
     }
 
@@ -75,7 +88,7 @@ impl<S: Store> Maintenance<S> {
         // Replicas that lease take turns: each sweeps once per live holder's second, so the
         // store is swept about once a second whatever their number, and each sweep (which
         // has the store to itself) stops the others' batches as rarely as one node's.
-        if self.swept.elapsed() >= SWEEP_EVERY * self.engine.live_lease_holders() {
+        if self.sweeps && self.swept.elapsed() >= SWEEP_EVERY * self.engine.live_lease_holders() {
             self.swept = Instant::now();
             self.sweep();
         }

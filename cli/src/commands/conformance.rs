@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 use tollgate::scenario::{self, Runner, Scenario};
-use tollgate::store::PgStore;
+use tollgate::store::{PgStore, SharedStore, SqliteStore};
 
 #[derive(clap::Subcommand)]
 pub enum Command {
@@ -23,8 +23,9 @@ pub enum Command {
         /// `TOLLGATE_FIXTURES` variable, else the folder this build wrote them to).
         #[arg(long)]
         fixtures: Option<PathBuf>,
-        /// Writer shards sharing the `--db` store, as `serve --writers N` runs them: each
-        /// tenant's steps go to one, and the budgets tenants share are leased between them.
+        /// Writer shards sharing the store, as `serve --writers N` runs them: each tenant's
+        /// steps go to one; on PostgreSQL the budgets tenants share are leased between
+        /// them, on SQLite the shards take turns on one connection.
         #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
         writers: u16,
     },
@@ -52,11 +53,6 @@ pub fn run(command: Command) -> Result<ExitCode, String> {
             ));
         }
     }
-    if writers > 1 && db.is_none() {
-        return Err(format!(
-            "--writers {writers}: shards share a PostgreSQL store; name it with --db"
-        ));
-    }
     let (passed, failed) = run_files(&runner, files, db.as_deref(), usize::from(writers));
     println!("{passed} passed, {failed} failed");
     Ok(if failed == 0 {
@@ -67,7 +63,8 @@ pub fn run(command: Command) -> Result<ExitCode, String> {
 }
 
 /// Runs scenario files, printing each failure, and counts them: `(passed, failed)`. With a
-/// `db`, each scenario runs on `writers` engines sharing a fresh schema of its own.
+/// `db`, each scenario runs on `writers` engines sharing a fresh schema of its own; without,
+/// on `writers` engines sharing one private SQLite store.
 pub fn run_files(
     runner: &Runner,
     files: Vec<PathBuf>,
@@ -90,6 +87,15 @@ pub fn run_files(
                         stores.push(PgStore::open_in_schema(url, &schema).map_err(failed)?);
                     }
                     runner.run_on_shards(&s, stores)?
+                }
+                None if writers > 1 => {
+                    let store = SqliteStore::in_memory_file().map_err(|e| {
+                        tollgate::scenario::ScenarioError {
+                            path: file.display().to_string(),
+                            message: e.to_string(),
+                        }
+                    })?;
+                    runner.run_on_shards(&s, SharedStore::split(store, writers))?
                 }
                 None => runner.run(&s)?,
             };

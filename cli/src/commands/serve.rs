@@ -32,10 +32,11 @@ pub struct ServeArgs {
     /// without a key (for a scraper on a private network).
     #[arg(long)]
     metrics_listen: Option<String>,
-    /// Writer shards, each with its own connection to the store, batches and transactions;
-    /// a tenant's work goes to one, and the budgets tenants share are leased between them.
-    /// Above 1 only on PostgreSQL. Default: 1 on SQLite; on PostgreSQL a third of the
-    /// machine's cores (at least 1, at most 8).
+    /// Writer shards, each with its own engine, policy instance and batches; a tenant's
+    /// work goes to one. On PostgreSQL each has a connection of its own and the budgets
+    /// tenants share are leased between them; on SQLite they take turns on the file's one
+    /// connection. Default: 1 on SQLite; on PostgreSQL a third of the machine's cores (at
+    /// least 1, at most 8).
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=64))]
     writers: Option<u16>,
 }
@@ -113,17 +114,15 @@ pub fn run(args: ServeArgs) -> Result<ExitCode, String> {
     }
     let store = AnyStore::open(&db).map_err(|e| format!("{db}: {e}"))?;
     let writers = match (writers, &store) {
-        (Some(n), AnyStore::Sqlite(_)) if n > 1 => {
-            return Err(format!(
-                "--writers {n}: a SQLite store has one writer; more need a PostgreSQL store (--db postgres://…)"
-            ))
-        }
-        (Some(n), _) => usize::from(n),
+        (Some(n), _) => usize::from(n.max(1)),
         (None, AnyStore::Sqlite(_)) => 1,
         (None, _) => default_writers(),
     };
-    let mut stores = vec![store];
-    for _ in 1..writers {
+    let mut stores = match store {
+        store if writers == 1 => vec![store],
+        store => store.into_shards(writers),
+    };
+    while stores.len() < writers {
         stores.push(AnyStore::open(&db).map_err(|e| format!("{db}: {e}"))?);
     }
     let (state, writer) = tollgate_cli::server::build_shards(config, stores, verify_with)?;

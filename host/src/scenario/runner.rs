@@ -72,8 +72,10 @@ impl Runner {
     /// Runs one scenario with one engine per store, the stores one shared store's
     /// connections (writer shards, as `serve --writers N` runs them): a tenant's steps go
     /// to the engine [`shard_of`] its name picks, the others to the first. With more than
-    /// one, every engine holds leases on the budgets tenants share and keeps them at each
-    /// step's time, and takes up a policy swapped through the first before the next step.
+    /// one, every engine on a store with a clock of its own (connections to PostgreSQL)
+    /// holds leases on the budgets tenants share and keeps them at each step's time
+    /// (handles on one SQLite connection need none), and every engine takes up a policy
+    /// swapped through the first before the next step.
     pub fn run_on_shards<S: Store>(
         &self,
         s: &Scenario,
@@ -109,8 +111,10 @@ impl Runner {
             })
             .collect();
         if shards > 1 {
-            for (i, engine) in engines.iter().enumerate() {
-                engine.hold_leases(&format!("shard-{i}"));
+            for engine in &engines {
+                engine
+                    .hold_leases_if_shared()
+                    .map_err(|e| self.err(s, e.to_string()))?;
             }
         }
         let mut mismatches = Vec::new();

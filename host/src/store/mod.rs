@@ -10,6 +10,7 @@ pub mod postgres;
 mod record;
 mod row_cache;
 mod schema;
+mod shared;
 pub mod sqlite;
 
 use crate::alerts::Alert;
@@ -19,6 +20,7 @@ use crate::spend::SpendRow;
 
 #[cfg(feature = "postgres")]
 pub use postgres::PgStore;
+pub use shared::SharedStore;
 pub use sqlite::SqliteStore;
 
 /// A driver's own error, kept whole (its [`std::error::Error::source`] chain included) but
@@ -190,6 +192,9 @@ pub trait Store: Send {
 pub enum AnyStore {
     /// An embedded SQLite file (or memory).
     Sqlite(SqliteStore),
+    /// One writer shard's handle on a SQLite file whose one connection the shards of this
+    /// process take in turns (`serve --writers N` on SQLite).
+    SqliteShard(SharedStore<SqliteStore>),
     /// A PostgreSQL database shared by replicas.
     #[cfg(feature = "postgres")]
     Postgres(Box<PgStore>),
@@ -217,6 +222,19 @@ impl AnyStore {
             ))?))
         }
     }
+
+    /// Handles on this store for `n` writer shards: a SQLite store's one connection shared
+    /// between `n`; any other store alone, since a PostgreSQL shard opens a connection of
+    /// its own.
+    pub fn into_shards(self, n: usize) -> Vec<AnyStore> {
+        match self {
+            AnyStore::Sqlite(s) => SharedStore::split(s, n)
+                .into_iter()
+                .map(AnyStore::SqliteShard)
+                .collect(),
+            other => vec![other],
+        }
+    }
 }
 
 /// Whether a `--db` value names a PostgreSQL server.
@@ -231,6 +249,7 @@ impl Store for AnyStore {
     {
         match self {
             AnyStore::Sqlite(s) => s.transaction(f),
+            AnyStore::SqliteShard(s) => s.transaction(f),
             #[cfg(feature = "postgres")]
             AnyStore::Postgres(s) => s.transaction(f),
         }
@@ -243,6 +262,7 @@ impl Store for AnyStore {
     ) -> Result<Vec<Result<T, StoreError>>, StoreError> {
         match self {
             AnyStore::Sqlite(s) => s.transaction_many(n, f),
+            AnyStore::SqliteShard(s) => s.transaction_many(n, f),
             #[cfg(feature = "postgres")]
             AnyStore::Postgres(s) => s.transaction_many(n, f),
         }
@@ -256,6 +276,7 @@ impl Store for AnyStore {
     ) -> Result<Vec<Result<T, StoreError>>, StoreError> {
         match self {
             AnyStore::Sqlite(s) => s.transaction_batch(n, hint, f),
+            AnyStore::SqliteShard(s) => s.transaction_batch(n, hint, f),
             #[cfg(feature = "postgres")]
             AnyStore::Postgres(s) => s.transaction_batch(n, hint, f),
         }
@@ -264,6 +285,7 @@ impl Store for AnyStore {
     fn clock_ms(&mut self) -> Result<Option<i64>, StoreError> {
         match self {
             AnyStore::Sqlite(s) => s.clock_ms(),
+            AnyStore::SqliteShard(s) => s.clock_ms(),
             #[cfg(feature = "postgres")]
             AnyStore::Postgres(s) => s.clock_ms(),
         }

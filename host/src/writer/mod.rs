@@ -191,9 +191,14 @@ impl Writer {
 
     /// As [`Writer::start`], with one shard per engine: each its own thread, intake, batches
     /// and transactions. A tenant's jobs all go to one shard ([`shard_of`] its name), jobs
-    /// for no tenant to the first. The engines share one store, each a holder of leases on
-    /// the budgets tenants share (see [`Engine::hold_leases`]), so that what they admit
-    /// together never exceeds a budget. The returned thread ends once every shard's has.
+    /// for no tenant to the first. The engines share one store: on connections of their
+    /// own, each a holder of leases on the budgets tenants share (see
+    /// [`Engine::hold_leases`]), so that what they admit together never exceeds a budget,
+    /// and each sweeping in turn; or taking turns on one connection ([`SharedStore`]),
+    /// holding no leases, the first alone sweeping. The returned thread ends once every
+    /// shard's has.
+    ///
+    /// [`SharedStore`]: crate::store::SharedStore
     ///
     /// # Panics
     /// When `engines` is empty.
@@ -206,7 +211,9 @@ impl Writer {
         let bound = QUEUE_BOUND.max(submitters.saturating_add(SPARE_ROOM));
         let mut shards = Vec::with_capacity(engines.len());
         let mut threads = Vec::with_capacity(engines.len());
-        for engine in engines {
+        for (i, engine) in engines.into_iter().enumerate() {
+            // Engines that hold no leases share one connection: the first sweeps for all.
+            let sweeps = i == 0 || engine.lease_holder().is_some();
             let intake = Arc::new(shard::Intake::new(bound));
             let follower = intake.clone();
             maintenance::follow_policy(engine.clone(), move || follower.is_closed());
@@ -214,7 +221,7 @@ impl Writer {
             let (taken, found, observer) = (intake.clone(), health.clone(), observer.clone());
             let thread = std::thread::Builder::new()
                 .name(WRITER_THREAD.into())
-                .spawn(move || shard::run(engine, taken, found, observer))
+                .spawn(move || shard::run(engine, taken, found, observer, sweeps))
                 .expect("spawn the writer thread");
             threads.push(thread);
             shards.push(Shard { intake, health });

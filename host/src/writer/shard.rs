@@ -25,14 +25,19 @@ impl Drop for CloseOnExit<'_> {
 
 /// The shard's thread: batches from `taken` on `engine` until every sender is gone, the
 /// store's state kept in `found`; then the engine's leases go back.
+/// `sweeps`: whether this shard sweeps the store (see [`Maintenance::without_sweeps`]).
 pub(super) fn run<S: Store>(
     engine: Arc<Engine<S>>,
     taken: Arc<Intake>,
     found: Arc<StoreHealth>,
     observer: Arc<dyn WriterObserver>,
+    sweeps: bool,
 ) {
     let _close = CloseOnExit(&taken);
     let mut housekeeping = Maintenance::new(engine.clone(), observer.clone());
+    if !sweeps {
+        housekeeping = housekeeping.without_sweeps();
+    }
     while let Some(batch) = taken.take(MAX_BATCH, maintenance::SYNC_EVERY) {
         housekeeping.run_due();
         if batch.is_empty() {

@@ -33,7 +33,8 @@ pub(crate) enum Taken {
     },
 }
 
-/// Credits a holder took from one budget in the current and the last second.
+/// What a holder took in the current and the last second: credits of one budget, or its
+/// reservations from every shared budget.
 #[derive(Clone, Copy, Default)]
 struct Meter {
     second: i64,
@@ -68,6 +69,9 @@ pub(crate) struct Holder {
     /// Live holders at the last renewal (this one included); 1 until another registers.
     pub(super) live: AtomicU32,
     meters: Mutex<HashMap<String, Meter>>,
+    /// Reservations from shared budgets in the current and the last second, one per
+    /// budget per admission (see [`lease::LEASE_FROM_RESERVATIONS`]).
+    reservations: Mutex<Meter>,
     /// Each shared row's level (micro-credits) when this holder last read it: what its
     /// policy is shown while it leases, so that showing it takes no shared row's lock.
     seen: Mutex<HashMap<String, i64>>,
@@ -79,6 +83,7 @@ impl Holder {
             id,
             live: AtomicU32::new(1),
             meters: Mutex::new(HashMap::new()),
+            reservations: Mutex::new(Meter::default()),
             seen: Mutex::new(HashMap::new()),
         }
     }
@@ -140,6 +145,11 @@ impl Holder {
         let limits = row.limits();
         let need = credits_micro(credits);
         let demand = self.demand(&budget, need, now_ms);
+        let busy = {
+            let mut reservations = self.reservations.lock().unwrap_or_else(|e| e.into_inner());
+            reservations.add(1, now_ms);
+            lease::worth_leasing(reservations.demand())
+        };
         let held = self.lease(tx, &budget)?;
         let mut writes = Vec::new();
         if let Some(l) = held {
@@ -165,7 +175,7 @@ impl Holder {
         let unspent = |s: Shared| s.bucket.balance_micro.saturating_add(s.leased_micro);
         let known_before = unspent(was.refilled(limits, now_ms));
         let live = self.live.load(Ordering::Relaxed);
-        let slice = if live > 1 {
+        let slice = if live > 1 && busy {
             lease::size(level, live, demand, need)
         } else {
             Slice::Direct

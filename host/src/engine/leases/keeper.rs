@@ -212,8 +212,12 @@ impl<S: crate::store::Store> crate::engine::Engine<S> {
     }
 
     /// Makes this engine a holder of leases under a random id when its store has a clock of
-    /// its own, which is a store other engines may share (PostgreSQL).
-    pub(in crate::engine) fn hold_leases_if_shared(&self) -> Result<(), StoreError> {
+    /// its own, which is a store other engines may share on connections of their own
+    /// (PostgreSQL). The service's engines do it at start.
+    ///
+    /// # Errors
+    /// When the store's clock cannot be read, or the system has no random source.
+    pub fn hold_leases_if_shared(&self) -> Result<(), StoreError> {
         if self.store_clock_ms()?.is_some() {
             let mut bytes = [0u8; 8];
             getrandom::getrandom(&mut bytes)

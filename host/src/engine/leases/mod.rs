@@ -14,8 +14,9 @@
 //!   shared row (only a holder that holds the shared row's lock writes it).
 //!
 //! A slot count is leased as a budget that never refills, of its limit (`<budget>` is
-//! `slots:<scope>`). While one holder is live, it reserves from the shared rows directly, as
-//! an engine of its own store always does.
+//! `slots:<scope>`). While one holder is live, or while it reserves seldom (under
+//! [`crate::lease::LEASE_FROM_RESERVATIONS`] a second), it reserves from the shared rows
+//! directly, as an engine of its own store always does.
 
 mod holder;
 mod keeper;
