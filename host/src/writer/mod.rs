@@ -211,13 +211,21 @@ impl Writer {
         let bound = QUEUE_BOUND.max(submitters.saturating_add(SPARE_ROOM));
         let mut shards = Vec::with_capacity(engines.len());
         let mut threads = Vec::with_capacity(engines.len());
+        let mut first_health: Option<Arc<StoreHealth>> = None;
         for (i, engine) in engines.into_iter().enumerate() {
-            // Engines that hold no leases share one connection: the first sweeps for all.
-            let sweeps = i == 0 || engine.lease_holder().is_some();
+            // Engines that hold no leases share one connection: the first sweeps for all,
+            // and what one finds of the store's state is the others' too (one log line
+            // when it stops writing, one probe a second while it cannot).
+            let shares_connection = i > 0 && engine.lease_holder().is_none();
+            let sweeps = !shares_connection;
             let intake = Arc::new(shard::Intake::new(bound));
             let follower = intake.clone();
             maintenance::follow_policy(engine.clone(), move || follower.is_closed());
-            let health = Arc::new(StoreHealth::default());
+            let health = match &first_health {
+                Some(first) if shares_connection => first.clone(),
+                _ => Arc::new(StoreHealth::default()),
+            };
+            first_health.get_or_insert_with(|| health.clone());
             let (taken, found, observer) = (intake.clone(), health.clone(), observer.clone());
             let thread = std::thread::Builder::new()
                 .name(WRITER_THREAD.into())
@@ -481,6 +489,71 @@ mod tests {
             seen[0] > 0 && seen[1] > 0,
             "one shard took every tenant: {seen:?}"
         );
+        drop(writer);
+        thread.join().unwrap();
+    }
+
+    #[test]
+    fn shards_on_one_sqlite_connection_admit_against_one_global_budget_and_share_its_state() {
+        use crate::store::{SharedStore, SqliteStore};
+        use crate::validate::RequestBuilder;
+        let tenants: Vec<String> = (0..12).map(|n| format!("t{n}")).collect();
+        let config = crate::config::Config::from_json(&serde_json::json!({
+            "global": {"requests": {"capacity": 10, "refill_per_s": 0}, "concurrency": 100},
+            "tenants": tenants.iter().map(|t| (t.clone(), serde_json::json!({})))
+                .collect::<serde_json::Map<_, _>>(),
+        }))
+        .unwrap();
+        let runtime = crate::runtime::Runtime::new().unwrap();
+        let policy: Arc<dyn crate::runtime::Decider> = Arc::new(
+            runtime
+                .load(
+                    crate::runtime::builtin::get("standard").unwrap(),
+                    crate::runtime::PolicyLimits::DEFAULT.any_size(),
+                )
+                .unwrap(),
+        );
+        let engines: Vec<_> = SharedStore::split(SqliteStore::in_memory().unwrap(), 3)
+            .into_iter()
+            .map(|store| {
+                Arc::new(Engine::new(
+                    config.clone(),
+                    store,
+                    runtime.clone(),
+                    policy.clone(),
+                ))
+            })
+            .collect();
+        let (writer, thread) = Writer::start_shards(engines, 1, Arc::new(NoObserver));
+        // One store's state: what one shard finds of it, every shard answers by.
+        assert!(writer
+            .shards
+            .iter()
+            .all(|s| Arc::ptr_eq(&s.health, &writer.shards[0].health)));
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        // Twelve tenants over three shards, one budget of ten: exactly ten admitted.
+        let mut admitted = 0;
+        for (n, t) in tenants.iter().enumerate() {
+            let request = RequestBuilder::new(
+                t.as_str(),
+                format!("k{n}"),
+                crate::model::Route::Interactive,
+            )
+            .input_tokens(10)
+            .max_output_tokens(10)
+            .deadline_ms(60_000)
+            .build(&config)
+            .unwrap();
+            let decision = rt.block_on(writer.admit(request, 10)).unwrap();
+            admitted += usize::from(decision.outcome == crate::reason::Outcome::Accepted);
+        }
+        assert_eq!(admitted, 10);
+        let seen = rt.block_on(writer.levels(10)).unwrap();
+        assert_eq!(seen.buckets["global.requests"], 0);
+        assert_eq!(seen.slots["global"], 10);
         drop(writer);
         thread.join().unwrap();
     }
