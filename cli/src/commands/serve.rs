@@ -120,6 +120,13 @@ pub fn run(args: ServeArgs) -> Result<ExitCode, String> {
     };
     let mut stores = match store {
         store if writers == 1 => vec![store],
+        AnyStore::Sqlite(sqlite) => {
+            tracing::info!(
+                writers,
+                "writer shards on a SQLite file take turns on its one connection: each decides inside the file's one transaction at a time, so they add no throughput over one writer"
+            );
+            AnyStore::Sqlite(sqlite).into_shards(writers)
+        }
         store => store.into_shards(writers),
     };
     while stores.len() < writers {
