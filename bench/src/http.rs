@@ -296,9 +296,9 @@ pub fn cpu_ticks(pid: u32, thread: Option<&str>) -> Option<u64> {
                     .ok()
                     .and_then(|s| ticks(&s))
             })
-            .try_fold(None, |sum: Option<u64>, t| {
-                Some(Some(sum.unwrap_or(0) + t?))
-            })?,
+            .collect::<Option<Vec<u64>>>()
+            .filter(|each| !each.is_empty())
+            .map(|each| each.iter().sum()),
     }
 }
 

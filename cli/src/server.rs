@@ -51,8 +51,8 @@ pub fn build_with(
 
 /// As [`build_with`], with one writer shard per store: each an engine of its own, on its
 /// own connection to one PostgreSQL store or on a handle of one SQLite file's connection
-/// ([`AnyStore::into_shards`]), a tenant's work going to one of them (`serve --writers N`). The first store's engine applies the configuration and serves
-/// the admin API.
+/// ([`AnyStore::into_shards`]), a tenant's work going to one of them (`serve --writers
+/// N`). The first store's engine applies the configuration and serves the admin API.
 pub fn build_shards(
     config: ConfigFile,
     mut stores: Vec<AnyStore>,

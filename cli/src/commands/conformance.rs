@@ -74,14 +74,13 @@ pub fn run_files(
     let (mut passed, mut failed) = (0, 0);
     for (i, file) in files.into_iter().enumerate() {
         let outcome = Scenario::load(&file).and_then(|s| {
+            let failed = |e: tollgate::store::StoreError| tollgate::scenario::ScenarioError {
+                path: file.display().to_string(),
+                message: e.to_string(),
+            };
             let mismatches = match db {
                 Some(url) => {
                     let schema = format!("tollgate_conformance_{}_{i}", std::process::id());
-                    let failed =
-                        |e: tollgate::store::StoreError| tollgate::scenario::ScenarioError {
-                            path: file.display().to_string(),
-                            message: e.to_string(),
-                        };
                     let mut stores = vec![PgStore::open_scratch(url, &schema).map_err(failed)?];
                     for _ in 1..writers.max(1) {
                         stores.push(PgStore::open_in_schema(url, &schema).map_err(failed)?);
@@ -89,12 +88,7 @@ pub fn run_files(
                     runner.run_on_shards(&s, stores)?
                 }
                 None if writers > 1 => {
-                    let store = SqliteStore::in_memory_file().map_err(|e| {
-                        tollgate::scenario::ScenarioError {
-                            path: file.display().to_string(),
-                            message: e.to_string(),
-                        }
-                    })?;
+                    let store = SqliteStore::in_memory_file().map_err(failed)?;
                     runner.run_on_shards(&s, SharedStore::split(store, writers))?
                 }
                 None => runner.run(&s)?,

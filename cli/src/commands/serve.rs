@@ -114,20 +114,20 @@ pub fn run(args: ServeArgs) -> Result<ExitCode, String> {
     }
     let store = AnyStore::open(&db).map_err(|e| format!("{db}: {e}"))?;
     let writers = match (writers, &store) {
-        (Some(n), _) => usize::from(n.max(1)),
+        (Some(n), _) => usize::from(n),
         (None, AnyStore::Sqlite(_)) => 1,
         (None, _) => default_writers(),
     };
-    let mut stores = match store {
-        store if writers == 1 => vec![store],
-        AnyStore::Sqlite(sqlite) => {
-            tracing::info!(
-                writers,
-                "writer shards on a SQLite file take turns on its one connection: each decides inside the file's one transaction at a time, so they add no throughput over one writer"
-            );
-            AnyStore::Sqlite(sqlite).into_shards(writers)
-        }
-        store => store.into_shards(writers),
+    if writers > 1 && matches!(store, AnyStore::Sqlite(_)) {
+        tracing::info!(
+            writers,
+            "writer shards on a SQLite file take turns on its one connection: each decides inside the file's one transaction at a time, so they add no throughput over one writer"
+        );
+    }
+    let mut stores = if writers == 1 {
+        vec![store]
+    } else {
+        store.into_shards(writers)
     };
     while stores.len() < writers {
         stores.push(AnyStore::open(&db).map_err(|e| format!("{db}: {e}"))?);

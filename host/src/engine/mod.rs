@@ -650,6 +650,13 @@ fn oldest_wait_ms(
 /// An engine over an in-memory store with the standard policy, for unit tests.
 #[cfg(test)]
 pub(crate) fn test_engine(config: &serde_json::Value) -> Engine<crate::store::SqliteStore> {
+    let config = Config::from_json(config).unwrap();
+    test_engine_on(&config, crate::store::SqliteStore::in_memory().unwrap())
+}
+
+/// An engine over `store` with the standard policy, for unit tests.
+#[cfg(test)]
+pub(crate) fn test_engine_on<S: Store>(config: &Config, store: S) -> Engine<S> {
     use crate::runtime::{builtin, PolicyLimits};
     let runtime = Runtime::new().unwrap();
     let policy = runtime
@@ -658,7 +665,5 @@ pub(crate) fn test_engine(config: &serde_json::Value) -> Engine<crate::store::Sq
             PolicyLimits::DEFAULT.any_size(),
         )
         .unwrap();
-    let config = Config::from_json(config).unwrap();
-    let store = crate::store::SqliteStore::in_memory().unwrap();
-    Engine::new(config, store, runtime, Arc::new(policy))
+    Engine::new(config.clone(), store, runtime, Arc::new(policy))
 }

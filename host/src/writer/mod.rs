@@ -209,9 +209,8 @@ impl Writer {
     ) -> (Writer, JoinHandle<()>) {
         assert!(!engines.is_empty(), "a writer needs an engine");
         let bound = QUEUE_BOUND.max(submitters.saturating_add(SPARE_ROOM));
-        let mut shards = Vec::with_capacity(engines.len());
+        let mut shards: Vec<Shard> = Vec::with_capacity(engines.len());
         let mut threads = Vec::with_capacity(engines.len());
-        let mut first_health: Option<Arc<StoreHealth>> = None;
         for (i, engine) in engines.into_iter().enumerate() {
             // Engines that hold no leases share one connection: the first sweeps for all,
             // and what one finds of the store's state is the others' too (one log line
@@ -221,11 +220,10 @@ impl Writer {
             let intake = Arc::new(shard::Intake::new(bound));
             let follower = intake.clone();
             maintenance::follow_policy(engine.clone(), move || follower.is_closed());
-            let health = match &first_health {
-                Some(first) if shares_connection => first.clone(),
+            let health = match shards.first() {
+                Some(first) if shares_connection => Arc::clone(&first.health),
                 _ => Arc::new(StoreHealth::default()),
             };
-            first_health.get_or_insert_with(|| health.clone());
             let (taken, found, observer) = (intake.clone(), health.clone(), observer.clone());
             let thread = std::thread::Builder::new()
                 .name(WRITER_THREAD.into())
@@ -504,25 +502,9 @@ mod tests {
                 .collect::<serde_json::Map<_, _>>(),
         }))
         .unwrap();
-        let runtime = crate::runtime::Runtime::new().unwrap();
-        let policy: Arc<dyn crate::runtime::Decider> = Arc::new(
-            runtime
-                .load(
-                    crate::runtime::builtin::get("standard").unwrap(),
-                    crate::runtime::PolicyLimits::DEFAULT.any_size(),
-                )
-                .unwrap(),
-        );
         let engines: Vec<_> = SharedStore::split(SqliteStore::in_memory().unwrap(), 3)
             .into_iter()
-            .map(|store| {
-                Arc::new(Engine::new(
-                    config.clone(),
-                    store,
-                    runtime.clone(),
-                    policy.clone(),
-                ))
-            })
+            .map(|store| Arc::new(crate::engine::test_engine_on(&config, store)))
             .collect();
         let (writer, thread) = Writer::start_shards(engines, 1, Arc::new(NoObserver));
         // One store's state: what one shard finds of it, every shard answers by.

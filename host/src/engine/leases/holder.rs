@@ -63,15 +63,22 @@ impl Meter {
     }
 }
 
+/// A holder's meters.
+#[derive(Default)]
+struct Meters {
+    /// Credits taken from each budget.
+    by_budget: HashMap<String, Meter>,
+    /// Reservations from shared budgets, one per budget per admission (see
+    /// [`lease::LEASE_FROM_RESERVATIONS`]).
+    reservations: Meter,
+}
+
 /// One engine as a holder of leases on the budgets it shares with other engines.
 pub(crate) struct Holder {
     pub(super) id: String,
     /// Live holders at the last renewal (this one included); 1 until another registers.
     pub(super) live: AtomicU32,
-    meters: Mutex<HashMap<String, Meter>>,
-    /// Reservations from shared budgets in the current and the last second, one per
-    /// budget per admission (see [`lease::LEASE_FROM_RESERVATIONS`]).
-    reservations: Mutex<Meter>,
+    meters: Mutex<Meters>,
     /// Each shared row's level (micro-credits) when this holder last read it: what its
     /// policy is shown while it leases, so that showing it takes no shared row's lock.
     seen: Mutex<HashMap<String, i64>>,
@@ -82,8 +89,7 @@ impl Holder {
         Holder {
             id,
             live: AtomicU32::new(1),
-            meters: Mutex::new(HashMap::new()),
-            reservations: Mutex::new(Meter::default()),
+            meters: Mutex::new(Meters::default()),
             seen: Mutex::new(HashMap::new()),
         }
     }
@@ -115,9 +121,13 @@ impl Holder {
         }
     }
 
-    fn demand(&self, budget: &str, micro: i64, now_ms: i64) -> i64 {
+    /// Counts a reservation of `micro` from `budget`: the demand for that budget, and
+    /// whether this holder is busy enough to lease ([`lease::worth_leasing`]).
+    fn demand(&self, budget: &str, micro: i64, now_ms: i64) -> (i64, bool) {
         let mut meters = self.meters.lock().unwrap_or_else(|e| e.into_inner());
-        match meters.get_mut(budget) {
+        meters.reservations.add(1, now_ms);
+        let busy = lease::worth_leasing(meters.reservations.demand());
+        let demand = match meters.by_budget.get_mut(budget) {
             Some(meter) => {
                 meter.add(micro, now_ms);
                 meter.demand()
@@ -125,10 +135,11 @@ impl Holder {
             None => {
                 let mut meter = Meter::default();
                 meter.add(micro, now_ms);
-                meters.insert(budget.to_string(), meter);
+                meters.by_budget.insert(budget.to_string(), meter);
                 meter.demand()
             }
-        }
+        };
+        (demand, busy)
     }
 
     /// Takes `credits` from `row` for this holder: from its lease while it holds enough,
@@ -144,12 +155,7 @@ impl Holder {
         let budget = row.budget();
         let limits = row.limits();
         let need = credits_micro(credits);
-        let demand = self.demand(&budget, need, now_ms);
-        let busy = {
-            let mut reservations = self.reservations.lock().unwrap_or_else(|e| e.into_inner());
-            reservations.add(1, now_ms);
-            lease::worth_leasing(reservations.demand())
-        };
+        let (demand, busy) = self.demand(&budget, need, now_ms);
         let held = self.lease(tx, &budget)?;
         let mut writes = Vec::new();
         if let Some(l) = held {
