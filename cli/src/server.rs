@@ -28,6 +28,9 @@ pub struct Built {
     pub gateway: Option<crate::gateway::Shared>,
 }
 
+/// Fresh policy instances kept ready per loaded policy (see `Runtime::set_instances_ahead`).
+const INSTANCES_AHEAD: usize = 4;
+
 /// How often the SQLite WAL is copied back into the database file. Often enough that each
 /// checkpoint's `fsync` stays small: a large one stalls the writer's commits that meet it.
 pub(crate) const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_millis(50);
@@ -84,6 +87,9 @@ pub fn build_shards(
     };
     checkpointed.map_err(|e| format!("store: {e}"))?;
     let mut runtime = crate::runtime::runtime()?;
+    // Decisions on the writer's threads find their instances made, and leave their
+    // teardown, to a thread beside them.
+    runtime.set_instances_ahead(INSTANCES_AHEAD);
     let histogram = metrics.policy_calls.clone();
     runtime.set_call_observer(Arc::new(move |d| histogram.observe(d.as_secs_f64())));
     let gateway = Gateway::from_config(&config)?;

@@ -59,6 +59,13 @@ impl HostState {
         }
     }
 
+    /// Points a store made ahead at the decision it serves: the view it reads and the
+    /// operation its log lines name.
+    pub(super) fn begin(&mut self, view: DecisionView, key: String) {
+        self.view = view;
+        self.log.key = key;
+    }
+
     /// `explain`: keeps the words (the last call wins), bounded; never fails the guest
     /// beyond counting as a host call.
     pub(super) fn explain(&mut self, message: &str) -> wasmtime::Result<()> {

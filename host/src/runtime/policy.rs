@@ -1,6 +1,7 @@
 //! A loaded policy: the world it was built for, the [`Decider`] interface the engine decides
 //! through, and [`LoadedPolicy`], which instantiates a component afresh for each guest call.
 
+use super::ahead::{Ahead, Ready};
 use super::bindings::{Policy, PolicyPre};
 use super::error::bounded;
 use super::host::{HostState, LogContext};
@@ -143,6 +144,9 @@ pub struct LoadedPolicy {
     pub(super) limits: PolicyLimits,
     /// The digest as log lines name it.
     pub(super) digest_hex: Arc<str>,
+    /// Instances made ahead on a thread of their own, when the runtime asks for them
+    /// ([`super::Runtime::set_instances_ahead`]).
+    pub(super) ahead: Option<Ahead>,
 }
 
 impl fmt::Debug for LoadedPolicy {
@@ -199,24 +203,33 @@ impl LoadedPolicy {
 
     /// A store for one guest call about operation `key`, with its fuel and memory limits.
     fn store(&self, view: DecisionView, key: String) -> Result<Store<HostState>, PolicyFault> {
-        let limits = StoreLimitsBuilder::new()
-            .memory_size(self.limits.memory_bytes.min(MAX_POLICY_MEMORY) as usize)
-            .instances(CORE_INSTANCES_PER_CALL as usize)
-            .tables(CORE_INSTANCES_PER_CALL as usize)
-            .memories(MEMORIES_PER_CALL as usize)
-            .trap_on_grow_failure(true)
-            .build();
-        let log = LogContext {
-            digest: self.digest_hex.clone(),
+        new_store(
+            self.pre.instance_pre().component().engine(),
+            &self.limits,
+            &self.digest_hex,
+            view,
             key,
-        };
-        let engine = self.pre.instance_pre().component().engine();
-        let mut store = Store::new(engine, HostState::new(view, limits, log));
-        store.limiter(|s| &mut s.limits);
-        store
-            .set_fuel(self.limits.fuel)
-            .map_err(|e| PolicyFault::of("", &e))?;
-        Ok(store)
+        )
+    }
+
+    /// Starts the thread that keeps `depth` fresh instances of this policy ready for
+    /// [`LoadedPolicy::call_export`] and drops the used ones.
+    pub(super) fn make_instances_ahead(&mut self, depth: usize) {
+        let pre = self.pre.instance_pre().clone();
+        let (limits, digest_hex) = (self.limits, self.digest_hex.clone());
+        self.ahead = Ahead::start(depth, move || {
+            let view = DecisionView::scratch(Arc::default());
+            let engine = pre.component().engine();
+            let mut store = new_store(engine, &limits, &digest_hex, view, String::new()).ok()?;
+            let instance = pre.instantiate(&mut store).ok()?;
+            Some(Ready { store, instance })
+        });
+    }
+
+    /// Instances made ahead and ready now, and calls that found theirs ready so far (both 0
+    /// when none are made ahead).
+    pub fn instances_ahead(&self) -> (u64, u64) {
+        self.ahead.as_ref().map_or((0, 0), Ahead::counts)
     }
 
     /// Calls one export of `decide` in a fresh instance, with what the policy `explain`ed
@@ -234,12 +247,25 @@ impl LoadedPolicy {
         R: ComponentNamedList + Lift,
     {
         self.observed(|| {
-            let mut store = self.store(view, key.to_string())?;
-            let instance = self
-                .pre
-                .instance_pre()
-                .instantiate(&mut store)
-                .map_err(|e| PolicyFault::of("instantiation: ", &e))?;
+            let ready = self.ahead.as_ref().and_then(Ahead::take);
+            let (mut store, instance) = match ready {
+                Some(Ready {
+                    mut store,
+                    instance,
+                }) => {
+                    store.data_mut().begin(view, key.to_string());
+                    (store, instance)
+                }
+                None => {
+                    let mut store = self.store(view, key.to_string())?;
+                    let instance = self
+                        .pre
+                        .instance_pre()
+                        .instantiate(&mut store)
+                        .map_err(|e| PolicyFault::of("instantiation: ", &e))?;
+                    (store, instance)
+                }
+            };
             let func = instance
                 .get_func(&mut store, export)
                 .ok_or_else(|| PolicyFault("the export went missing".into()))?;
@@ -250,6 +276,9 @@ impl LoadedPolicy {
             let result = typed.call(&mut store, params);
             store.data_mut().flush_output();
             let words = store.data_mut().take_explanation();
+            if let Some(ahead) = &self.ahead {
+                ahead.give_back(store);
+            }
             result
                 .map(|r| (r, words))
                 .map_err(|e| PolicyFault::of("", &e))
@@ -324,4 +353,32 @@ impl LoadedPolicy {
         )?;
         Ok(verdict.map_err(bounded))
     }
+}
+
+/// A store for one guest call about operation `key` of the policy `digest_hex` names, with
+/// its fuel and memory limits.
+fn new_store(
+    engine: &wasmtime::Engine,
+    limits: &PolicyLimits,
+    digest_hex: &Arc<str>,
+    view: DecisionView,
+    key: String,
+) -> Result<Store<HostState>, PolicyFault> {
+    let store_limits = StoreLimitsBuilder::new()
+        .memory_size(limits.memory_bytes.min(MAX_POLICY_MEMORY) as usize)
+        .instances(CORE_INSTANCES_PER_CALL as usize)
+        .tables(CORE_INSTANCES_PER_CALL as usize)
+        .memories(MEMORIES_PER_CALL as usize)
+        .trap_on_grow_failure(true)
+        .build();
+    let log = LogContext {
+        digest: digest_hex.clone(),
+        key,
+    };
+    let mut store = Store::new(engine, HostState::new(view, store_limits, log));
+    store.limiter(|s| &mut s.limits);
+    store
+        .set_fuel(limits.fuel)
+        .map_err(|e| PolicyFault::of("", &e))?;
+    Ok(store)
 }

@@ -407,3 +407,79 @@ fn a_smaller_pool_decides_and_bounds_what_a_call_may_grow_to() {
         assert!(message.contains(says), "{message}");
     }
 }
+
+/// Waits until `policy` has an instance made ahead ready (the thread beside it is free to
+/// take its time on a busy machine).
+fn until_one_is_ready(policy: &LoadedPolicy) {
+    let started = std::time::Instant::now();
+    while policy.instances_ahead().0 == 0 {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(30),
+            "no instance made ahead in 30 s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn instances_made_ahead_are_fresh_and_decide_as_those_made_inline() {
+    let mut ahead_runtime = Runtime::new().unwrap();
+    ahead_runtime.set_instances_ahead(4);
+    assert_eq!(ahead_runtime.instances_ahead(), 4);
+    let ahead = ahead_runtime
+        .load(&fixture("faulty"), PolicyLimits::DEFAULT)
+        .unwrap();
+    let inline = Runtime::new()
+        .unwrap()
+        .load(&fixture("faulty"), PolicyLimits::DEFAULT)
+        .unwrap();
+    assert_eq!(inline.instances_ahead(), (0, 0));
+    let view = DecisionView::scratch(Arc::default());
+    // `remember` traps in an instance that decided before: each of these must be fresh,
+    // whether it was ready or made by the call.
+    for i in 0..24 {
+        if i % 2 == 0 {
+            until_one_is_ready(&ahead);
+        }
+        let key = format!("remember-{i}");
+        let made_ahead = ahead.admit(view.clone(), &request(&key));
+        let made_inline = inline.admit(view.clone(), &request(&key));
+        assert!(made_ahead.is_ok(), "{key}: {made_ahead:?}");
+        assert_eq!(
+            format!("{made_ahead:?}"),
+            format!("{made_inline:?}"),
+            "{key}"
+        );
+    }
+    let (_, taken) = ahead.instances_ahead();
+    assert!(
+        taken >= 12,
+        "only {taken} of 24 calls found an instance ready"
+    );
+    // A trap in an instance made ahead costs only that call.
+    until_one_is_ready(&ahead);
+    let trapped = ahead.admit(view.clone(), &request("trap-1")).unwrap_err();
+    assert!(trapped.0.contains("unreachable"), "{}", trapped.0);
+    until_one_is_ready(&ahead);
+    assert!(ahead.admit(view, &request("remember-after-trap")).is_ok());
+}
+
+#[test]
+fn instances_made_ahead_take_at_most_a_32nd_of_the_pool() {
+    let pool = |slots| PoolConfig {
+        slots,
+        max_memory_bytes: 64 << 20,
+    };
+    let mut small = Runtime::with_pool(pool(31)).unwrap();
+    small.set_instances_ahead(4);
+    assert_eq!(small.instances_ahead(), 0);
+    let policy = small
+        .load(&fixture("faulty"), PolicyLimits::DEFAULT)
+        .unwrap();
+    let view = DecisionView::scratch(Arc::default());
+    assert!(policy.admit(view, &request("remember-1")).is_ok());
+    assert_eq!(policy.instances_ahead(), (0, 0));
+    let mut larger = Runtime::with_pool(pool(64)).unwrap();
+    larger.set_instances_ahead(4);
+    assert_eq!(larger.instances_ahead(), 2);
+}
