@@ -27,6 +27,9 @@ pub const LEASES_EVERY: Duration = Duration::from_millis(500);
 pub const SWEEP_EVERY: Duration = Duration::from_secs(1);
 /// The most time the sweeps of one round may take: a tenth of each second.
 const SWEEP_BUDGET: Duration = Duration::from_millis(100);
+/// The longest a pass over the operations takes while it finds nothing to do (shorter for a
+/// short `limits.max_call_ms`: see [`SweepPace`]).
+pub const SWEEP_PASS_AT_MOST: Duration = Duration::from_secs(60);
 /// The most sweeps one round runs, each a bounded stretch of the operations.
 const MAX_SWEEPS_AT_ONCE: usize = 64;
 
@@ -39,6 +42,44 @@ pub struct Maintenance<S: Store> {
     leases_kept: Option<Instant>,
     /// Whether this engine sweeps (see [`Maintenance::without_sweeps`]).
     sweeps: bool,
+    pace: SweepPace,
+}
+
+/// How far a round of sweeps walks the operations when it finds nothing to change.
+///
+/// Each sweep is a stretch of the table in key order; a pass is the stretches from its
+/// start to its end. A round goes on at once while its sweeps change operations (so that
+/// retention keeps up with a busy store), and otherwise walks only its share of a pass
+/// that covers the table, as the last pass found it, once per pass period: a quarter of
+/// `limits.max_call_ms`, from 1 s to [`SWEEP_PASS_AT_MOST`]. An abandoned call is so found
+/// within that period of going past `limits.max_call_ms`, and a large quiet table costs the
+/// writer a stretch or two a second, not a tenth of its time. Until a first pass has
+/// measured the table, rounds walk as far as their time allows.
+#[derive(Debug, Default)]
+struct SweepPace {
+    walked_in_pass: u64,
+    last_pass: Option<u64>,
+}
+
+impl SweepPace {
+    /// Counts a sweep's stretch, closing the pass at the table's end.
+    fn walked(&mut self, sweep: &crate::engine::Sweep) {
+        self.walked_in_pass += sweep.walked;
+        if !sweep.more {
+            self.last_pass = Some(self.walked_in_pass);
+            self.walked_in_pass = 0;
+        }
+    }
+
+    /// Operations a round every `round` walks while it changes nothing.
+    fn rows_per_round(&self, round: Duration, max_call_ms: u64) -> u64 {
+        let Some(table) = self.last_pass else {
+            return u64::MAX;
+        };
+        let period = Duration::from_millis(max_call_ms / 4).clamp(SWEEP_EVERY, SWEEP_PASS_AT_MOST);
+        let share = u128::from(table) * round.as_millis() / period.as_millis().max(1);
+        u64::try_from(share).unwrap_or(u64::MAX)
+    }
 }
 
 impl<S: Store> Maintenance<S> {
@@ -52,6 +93,7 @@ impl<S: Store> Maintenance<S> {
             swept: now,
             leases_kept: None,
             sweeps: true,
+            pace: SweepPace::default(),
         }
     }
 
@@ -88,9 +130,10 @@ impl<S: Store> Maintenance<S> {
         // Replicas that lease take turns: each sweeps once per live holder's second, so the
         // store is swept about once a second whatever their number, and each sweep (which
         // has the store to itself) stops the others' batches as rarely as one node's.
-        if self.sweeps && self.swept.elapsed() >= SWEEP_EVERY * self.engine.live_lease_holders() {
+        let round = SWEEP_EVERY * self.engine.live_lease_holders();
+        if self.sweeps && self.swept.elapsed() >= round {
             self.swept = Instant::now();
-            self.sweep();
+            self.sweep(round);
         }
     }
 
@@ -140,10 +183,15 @@ impl<S: Store> Maintenance<S> {
     }
 
     /// Sweeps, at the store's time when it has a clock of its own: one bounded stretch of
-    /// the operations, and more stretches at once while the table goes on, up to
-    /// [`SWEEP_BUDGET`] of each second, so that retention keeps up with a busy store.
-    fn sweep(&self) {
+    /// the operations, and more stretches at once while they change operations or the
+    /// round has not walked its share of the pass ([`SweepPace`]), up to [`SWEEP_BUDGET`]
+    /// of each second. `round` is how often this engine sweeps.
+    fn sweep(&mut self, round: Duration) {
         let started = Instant::now();
+        let share = self
+            .pace
+            .rows_per_round(round, self.engine.config().max_call_ms);
+        let mut walked = 0;
         for _ in 0..MAX_SWEEPS_AT_ONCE {
             let Some(now) = self.store_now() else {
                 return;
@@ -154,7 +202,10 @@ impl<S: Store> Maintenance<S> {
                         tracing::warn!(%tenant, %key, "call abandoned: active past limits.max_call_ms, now unknown until reconciled");
                     }
                     self.observer.swept(&s);
-                    if !s.more || started.elapsed() >= SWEEP_BUDGET {
+                    self.pace.walked(&s);
+                    walked += s.walked;
+                    let enough = !s.changed_any() && walked >= share;
+                    if !s.more || enough || started.elapsed() >= SWEEP_BUDGET {
                         return;
                     }
                 }
@@ -253,4 +304,105 @@ fn wall_clock_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::{Completion, Sweep, SWEEP_ROWS};
+    use crate::store::SqliteStore;
+    use std::sync::Mutex;
+
+    fn stretch(walked: u64, more: bool) -> Sweep {
+        Sweep {
+            walked,
+            more,
+            ..Sweep::default()
+        }
+    }
+
+    #[test]
+    fn a_pass_measures_the_table_a_quiet_round_walks_a_share_of() {
+        let mut pace = SweepPace::default();
+        assert_eq!(pace.rows_per_round(SWEEP_EVERY, 600_000), u64::MAX);
+        pace.walked(&stretch(1024, true));
+        pace.walked(&stretch(1024, true));
+        assert_eq!(pace.rows_per_round(SWEEP_EVERY, 600_000), u64::MAX);
+        pace.walked(&stretch(952, false));
+        // 3,000 rows over the longest pass, 60 s.
+        assert_eq!(pace.rows_per_round(SWEEP_EVERY, 600_000), 50);
+        assert_eq!(pace.rows_per_round(SWEEP_EVERY * 2, 600_000), 100);
+        // A quarter of a 40 s max_call_ms: a pass every 10 s.
+        assert_eq!(pace.rows_per_round(SWEEP_EVERY, 40_000), 300);
+        // Never a pass more often than each round.
+        assert_eq!(pace.rows_per_round(SWEEP_EVERY, 100), 3000);
+        pace.walked(&stretch(10, false));
+        assert_eq!(pace.rows_per_round(SWEEP_EVERY, 4_000), 10);
+    }
+
+    /// The rows each sweep walked, and the operations it deleted.
+    #[derive(Default)]
+    struct Walks(Mutex<Vec<(u64, u64)>>);
+
+    impl WriterObserver for Walks {
+        fn swept(&self, sweep: &Sweep) {
+            self.0.lock().unwrap().push((sweep.walked, sweep.deleted));
+        }
+    }
+
+    impl Walks {
+        fn taken(&self) -> Vec<(u64, u64)> {
+            std::mem::take(&mut *self.0.lock().unwrap())
+        }
+    }
+
+    /// An engine whose store holds `n` operations that finished at `at_ms`.
+    fn finished(n: usize, at_ms: i64, retention_days: Option<f64>) -> Arc<Engine<SqliteStore>> {
+        let mut config = serde_json::json!({
+            "global": {"requests": {"capacity": 100_000, "refill_per_s": 1}},
+            "tenant_defaults": {"requests": {"capacity": 100_000, "refill_per_s": 1}},
+            "tenants": {"acme": {}},
+        });
+        if let Some(days) = retention_days {
+            config["retention"] = serde_json::json!({"operations_days": days});
+        }
+        let engine = crate::engine::test_engine(&config);
+        for i in 0..n {
+            let key = format!("k{i:05}");
+            let request = serde_json::json!({"tenant": "acme", "key": key, "route": "interactive",
+                "input_tokens": 1, "max_output_tokens": 1, "deadline_ms": at_ms + 60_000});
+            let decision = engine.admit(&request, at_ms).unwrap();
+            assert!(decision.authorises_call(), "{i}: {decision:?}");
+            assert!(
+                engine
+                    .complete(&Completion::succeeded("acme", &key), at_ms)
+                    .unwrap()
+                    .ok
+            );
+        }
+        Arc::new(engine)
+    }
+
+    #[test]
+    fn a_quiet_table_is_walked_a_stretch_a_round_and_one_that_changes_at_once() {
+        let walks = Arc::new(Walks::default());
+        let quiet = finished(3000, wall_clock_ms(), None);
+        let mut maintenance = Maintenance::new(quiet, walks.clone());
+        // No pass has measured the table: the first round walks it whole.
+        maintenance.sweep(SWEEP_EVERY);
+        assert_eq!(walks.taken(), [(1024, 0), (1024, 0), (952, 0)]);
+        // Its share is then 50 rows a round: one stretch, where it was the whole table.
+        maintenance.sweep(SWEEP_EVERY);
+        assert_eq!(walks.taken(), [(u64::from(SWEEP_ROWS), 0)]);
+        maintenance.sweep(SWEEP_EVERY);
+        assert_eq!(walks.taken(), [(1024, 0)]);
+
+        // Operations past retention: a round goes on while its sweeps delete.
+        let day_ms = 86_400_000;
+        let stale = finished(3000, wall_clock_ms() - 3 * day_ms, Some(1.0));
+        let mut maintenance = Maintenance::new(stale, walks.clone());
+        maintenance.pace.last_pass = Some(3000);
+        maintenance.sweep(SWEEP_EVERY);
+        assert_eq!(walks.taken(), [(1024, 1024), (1024, 1024), (952, 952)]);
+    }
 }

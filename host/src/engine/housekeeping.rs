@@ -13,7 +13,7 @@ use serde::Serialize;
 use std::sync::Mutex;
 
 /// Rows one sweep looks at (about a millisecond of the writer's time).
-const SWEEP_ROWS: u32 = 1024;
+pub const SWEEP_ROWS: u32 = 1024;
 /// Rows a listing filtered by a state other than `unknown` looks at per page.
 const SCAN_ROWS: u32 = 10_000;
 /// The most operations one page lists.
@@ -152,6 +152,18 @@ pub struct Sweep {
     /// Whether the sweep stopped at the end of a full stretch: the table goes on, and
     /// another sweep at once would carry on from there.
     pub more: bool,
+    /// Operations looked at (at most [`SWEEP_ROWS`]).
+    pub walked: u64,
+    /// Operations from before `state_since_ms` existed, stamped with the sweep's time.
+    pub stamped: u64,
+}
+
+impl Sweep {
+    /// Whether the sweep changed an operation (abandoned, deleted or stamped one): while
+    /// sweeps do, the next may well too.
+    pub fn changed_any(&self) -> bool {
+        !self.abandoned.is_empty() || self.deleted > 0 || self.stamped > 0
+    }
 }
 
 /// Where the next sweep resumes: the last operation the previous one looked at.
@@ -178,6 +190,7 @@ impl<S: Store> Engine<S> {
             let ops = tx.operations_after(after, SWEEP_ROWS)?;
             *cursor = full_page_end(&ops, SWEEP_ROWS);
             sweep.more = cursor.is_some();
+            sweep.walked = ops.len() as u64;
             for mut op in ops {
                 let finished = FINISHED.contains(&op.state);
                 if op.state != OpState::Active && !(finished && keep.is_some()) {
@@ -186,6 +199,7 @@ impl<S: Store> Engine<S> {
                 let Some(since) = op.state_since_ms else {
                     op.state_since_ms = Some(now_ms);
                     tx.put_operation(&op)?;
+                    sweep.stamped += 1;
                     continue;
                 };
                 let age = now_ms.saturating_sub(since);

@@ -32,7 +32,7 @@ pub use decision::Decision;
 pub use deployments::{Health, HealthState, ProviderLimits};
 pub use directory::{DirectoryApplied, DirectoryError, KeyInfo};
 pub use dispatch::{Claim, DispatchAnswer, DispatchReason};
-pub use housekeeping::{OperationsPage, Page, Sweep, MOST_PER_PAGE};
+pub use housekeeping::{OperationsPage, Page, Sweep, MOST_PER_PAGE, SWEEP_ROWS};
 pub use leases::LeaseKeep;
 pub use shadow::{Disagreement, OutcomePair, PlanShape, ShadowReport, RECENT_DISAGREEMENTS};
 pub use stored_policy::Adopted;
