@@ -29,7 +29,7 @@ pub struct Built {
 }
 
 /// Fresh policy instances kept ready per loaded policy (see `Runtime::set_instances_ahead`).
-const INSTANCES_AHEAD: usize = 4;
+const INSTANCES_AHEAD: usize = 8;
 
 /// How often the SQLite WAL is copied back into the database file. Often enough that each
 /// checkpoint's `fsync` stays small: a large one stalls the writer's commits that meet it.

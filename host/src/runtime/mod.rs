@@ -47,6 +47,7 @@ pub use host::{log_lines_dropped, LOG_LINES_PER_CALL, MAX_LOG_LINE_BYTES};
 pub use sealed_wasi::{contexts_made as wasi_contexts_made, MAX_OUTPUT_BYTES};
 pub use view::{DecisionView, Jitter, Params};
 
+use ahead::AheadSlots;
 use error::bounded_to;
 pub use error::{LoadError, PolicyFault, MAX_MESSAGE_BYTES};
 use limits::{
@@ -77,6 +78,8 @@ pub struct Runtime {
     pool: PoolConfig,
     /// Fresh instances each policy it loads keeps ready (0: each call instantiates its own).
     instances_ahead: usize,
+    /// The pool slots its policies' instances made ahead may hold, all together.
+    ahead_slots: AheadSlots,
 }
 
 /// Told how long each guest call took (instantiation included, unless the instance was
@@ -148,6 +151,8 @@ impl Runtime {
             observer: None,
             pool: pool_config,
             instances_ahead: 0,
+            // Decisions made in place keep at least half the pool, or 64 slots.
+            ahead_slots: AheadSlots::new(slots - (slots / 2).min(64)),
         })
     }
 
@@ -271,7 +276,9 @@ impl Runtime {
         }
         policy.info = info;
         if self.instances_ahead > 0 {
-            policy.make_instances_ahead(self.instances_ahead);
+            if let Some(slots) = self.ahead_slots.hold(self.instances_ahead) {
+                policy.make_instances_ahead(self.instances_ahead, slots);
+            }
         }
         Ok(policy)
     }
@@ -279,12 +286,14 @@ impl Runtime {
 
 impl Runtime {
     /// Has every policy loaded from now on keep up to `depth` fresh instances ready, made
-    /// (and the used ones dropped) on a thread of its own: a decision then neither
-    /// instantiates nor resets memory on the caller's thread. Still one fresh instance per
-    /// call. At most a 32nd of the pool's slots each, since a ready instance holds a slot
-    /// (and so does a used one waiting to be dropped); 0 turns it off.
+    /// (and the used ones dropped, in bunches of half as many) on a thread of its own: a
+    /// decision then neither instantiates nor resets memory on the caller's thread. Still
+    /// one fresh instance per call. A policy makes instances ahead only while the pool
+    /// slots they may hold fit in what is set aside for them (all of the pool but half of
+    /// it or 64 slots, whichever is fewer, shared by every policy this runtime loads);
+    /// beyond that, and with 0, each call instantiates its own.
     pub fn set_instances_ahead(&mut self, depth: usize) {
-        self.instances_ahead = depth.min(self.pool.slots as usize / 32);
+        self.instances_ahead = depth;
     }
 
     /// Fresh instances each policy loaded from now on keeps ready (see

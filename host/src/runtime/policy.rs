@@ -1,7 +1,7 @@
 //! A loaded policy: the world it was built for, the [`Decider`] interface the engine decides
 //! through, and [`LoadedPolicy`], which instantiates a component afresh for each guest call.
 
-use super::ahead::{Ahead, Ready};
+use super::ahead::{Ahead, Ready, SlotsHeld};
 use super::bindings::{Policy, PolicyPre};
 use super::error::bounded;
 use super::host::{HostState, LogContext};
@@ -214,10 +214,10 @@ impl LoadedPolicy {
 
     /// Starts the thread that keeps `depth` fresh instances of this policy ready for
     /// [`LoadedPolicy::call_export`] and drops the used ones.
-    pub(super) fn make_instances_ahead(&mut self, depth: usize) {
+    pub(super) fn make_instances_ahead(&mut self, depth: usize, slots: SlotsHeld) {
         let pre = self.pre.instance_pre().clone();
         let (limits, digest_hex) = (self.limits, self.digest_hex.clone());
-        self.ahead = Ahead::start(depth, move || {
+        self.ahead = Ahead::start(depth, slots, move || {
             let view = DecisionView::scratch(Arc::default());
             let engine = pre.component().engine();
             let mut store = new_store(engine, &limits, &digest_hex, view, String::new()).ok()?;

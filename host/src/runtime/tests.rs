@@ -465,21 +465,44 @@ fn instances_made_ahead_are_fresh_and_decide_as_those_made_inline() {
 }
 
 #[test]
-fn instances_made_ahead_take_at_most_a_32nd_of_the_pool() {
-    let pool = |slots| PoolConfig {
-        slots,
+fn instances_made_ahead_hold_no_more_than_the_slots_set_aside() {
+    let pool = PoolConfig {
+        slots: 64,
         max_memory_bytes: 64 << 20,
     };
-    let mut small = Runtime::with_pool(pool(31)).unwrap();
-    small.set_instances_ahead(4);
-    assert_eq!(small.instances_ahead(), 0);
-    let policy = small
-        .load(&fixture("faulty"), PolicyLimits::DEFAULT)
-        .unwrap();
+    let mut runtime = Runtime::with_pool(pool).unwrap();
+    runtime.set_instances_ahead(8);
+    // Half of 64 slots set aside; 8 ahead may hold 8 + 3 bunches of 4 + 1 of them.
+    assert_eq!(runtime.ahead_slots.free(), 32);
+    let load = |runtime: &Runtime| {
+        runtime
+            .load(&fixture("faulty"), PolicyLimits::DEFAULT)
+            .unwrap()
+    };
+    let first = load(&runtime);
+    assert_eq!(runtime.ahead_slots.free(), 11);
+    let second = load(&runtime);
+    assert_eq!(runtime.ahead_slots.free(), 11, "no room for a second");
     let view = DecisionView::scratch(Arc::default());
-    assert!(policy.admit(view, &request("remember-1")).is_ok());
-    assert_eq!(policy.instances_ahead(), (0, 0));
-    let mut larger = Runtime::with_pool(pool(64)).unwrap();
-    larger.set_instances_ahead(4);
-    assert_eq!(larger.instances_ahead(), 2);
+    until_one_is_ready(&first);
+    for policy in [&first, &second] {
+        assert!(policy.admit(view.clone(), &request("remember-1")).is_ok());
+    }
+    assert_eq!(first.instances_ahead().1, 1);
+    assert_eq!(second.instances_ahead(), (0, 0));
+    drop(first);
+    assert_eq!(runtime.ahead_slots.free(), 32);
+    let third = load(&runtime);
+    until_one_is_ready(&third);
+    assert!(third.admit(view, &request("remember-1")).is_ok());
+    assert_eq!(third.instances_ahead().1, 1);
+    // A pool too small to set 21 slots aside (40 keeps 20 for decisions made in place)
+    // makes none ahead.
+    let mut small = Runtime::with_pool(PoolConfig { slots: 40, ..pool }).unwrap();
+    small.set_instances_ahead(8);
+    assert!(load(&small).ahead.is_none());
+    assert_eq!(small.ahead_slots.free(), 20);
+    let mut enough = Runtime::with_pool(PoolConfig { slots: 42, ..pool }).unwrap();
+    enough.set_instances_ahead(8);
+    assert!(load(&enough).ahead.is_some());
 }
