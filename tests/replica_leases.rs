@@ -171,12 +171,14 @@ fn writer_shards_on_sqlite_killed_under_load_keep_every_acknowledged_admission()
     shards_killed_under_load(dir.path(), db.to_str().unwrap(), false);
 }
 
-/// One `serve --writers 4` process on `db`: six tenants admit, tenants made through the
-/// admin API admit at once, and killed with `kill -9` under load it keeps every admission
-/// it acknowledged and loses no credit. `leasing`: whether the shards lease the global
-/// budget (on PostgreSQL; on SQLite they take turns on one connection).
+/// One `serve --writers 4` process on `db`, its policies making instances ahead: six
+/// tenants admit, tenants made through the admin API admit at once, and killed with
+/// `kill -9` under load it keeps every admission it acknowledged and loses no credit.
+/// `leasing`: whether the shards lease the global budget (on PostgreSQL; on SQLite they
+/// take turns on one connection).
 fn shards_killed_under_load(dir: &Path, db: &str, leasing: bool) {
-    let server = replica_with(dir, 1, db, &["--writers", "4"]);
+    let shards = ["--writers", "4", "--policy-instances-ahead", "8"];
+    let server = replica_with(dir, 1, db, &shards);
     let base = server.base.clone();
     std::thread::sleep(Duration::from_millis(1_200));
     // Six tenants over four shards: every admission fits.
@@ -250,7 +252,7 @@ fn shards_killed_under_load(dir: &Path, db: &str, leasing: bool) {
     assert!(!acknowledged.is_empty(), "nothing admitted before the kill");
 
     // Started again on the same store: every acknowledged admission is there.
-    let again = replica_with(dir, 2, db, &["--writers", "4"]);
+    let again = replica_with(dir, 2, db, &shards);
     let stored = stored_keys(&again.base);
     let lost: Vec<_> = acknowledged
         .iter()

@@ -237,16 +237,20 @@ pub fn start_serve_with(
 /// Runs `serve` (the `tollgate` executable) as its own process on a SQLite file in `dir`,
 /// exactly as an operator starts it (its logs go to `dir/serve.log`), and drives it from
 /// this process with `connections` keep-alive HTTP/1.1 connections, `requests` admissions
-/// in all, with `writers` writer shards (`serve --writers`).
+/// in all, with `servers.writers` writer shards (`serve --writers`; one server whatever
+/// `servers.replicas` says).
 pub fn http(
     serve: &Path,
     dir: &Path,
     tenants: u32,
     connections: usize,
     requests: u64,
-    writers: usize,
+    servers: Servers,
 ) -> Result<HttpFigures, String> {
-    let extra = ["--writers".to_string(), writers.max(1).to_string()];
+    let mut extra = vec!["--writers".to_string(), servers.writers.max(1).to_string()];
+    if let Some(n) = servers.instances_ahead {
+        extra.extend(["--policy-instances-ahead".to_string(), n.to_string()]);
+    }
     let (server, addr) = start_serve_with(serve, dir, &http_config(tenants), &extra)?;
     let pid = server.0.id();
     // A thread takes its name when it first runs, which may come after the server listens.
@@ -321,6 +325,9 @@ pub struct Servers {
     pub replicas: usize,
     /// Writer shards in each, each on a connection of its own.
     pub writers: usize,
+    /// Fresh instances each writer's policy keeps made ahead (`serve
+    /// --policy-instances-ahead`); `None`: serve's default.
+    pub instances_ahead: Option<usize>,
 }
 
 /// As [`http`], with servers in this process sharing the PostgreSQL store at `url` (in a
@@ -330,7 +337,11 @@ pub fn http_postgres(
     tenants: u32,
     connections: usize,
     requests: u64,
-    Servers { replicas, writers }: Servers,
+    Servers {
+        replicas,
+        writers,
+        instances_ahead,
+    }: Servers,
 ) -> Result<HttpFigures, String> {
     use tollgate::config::ConfigFile;
     use tollgate::store::{AnyStore, PgStore};
@@ -349,7 +360,12 @@ pub fn http_postgres(
             .map_err(|e| e.to_string())?;
             stores.push(AnyStore::Postgres(Box::new(store)));
         }
-        servers.push(server::build_shards(config.clone(), stores, Vec::new())?);
+        servers.push(server::build_shards(
+            config.clone(),
+            stores,
+            Vec::new(),
+            instances_ahead.unwrap_or_else(server::default_instances_ahead),
+        )?);
     }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -70,6 +70,10 @@ enum BenchCommand {
         /// SQLite file taking turns on one.
         #[arg(long, default_value_t = 1)]
         writers: usize,
+        /// Fresh instances each writer's policy keeps made ahead (`serve
+        /// --policy-instances-ahead`); default: serve's.
+        #[arg(long)]
+        policy_instances_ahead: Option<usize>,
         /// Milliseconds added to each round trip between the replicas and PostgreSQL, by a
         /// delaying TCP proxy (half each way): a real network's latency on one machine.
         #[arg(long)]
@@ -156,10 +160,16 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             db,
             replicas,
             writers,
+            policy_instances_ahead,
             db_latency_ms,
             json,
             tollgate,
         }) => {
+            let servers = http::Servers {
+                replicas,
+                writers,
+                instances_ahead: policy_instances_ahead,
+            };
             let dir = tempfile_dir()?;
             // The proxy lives as long as the run.
             let mut _proxy = None;
@@ -176,16 +186,10 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
                 (db, _) => db,
             };
             let f = match db.as_deref() {
-                Some(url) => http::http_postgres(
-                    url,
-                    tenants,
-                    connections,
-                    requests,
-                    http::Servers { replicas, writers },
-                ),
+                Some(url) => http::http_postgres(url, tenants, connections, requests, servers),
                 None => {
                     let exe = tollgate.map_or_else(serve_executable, Ok)?;
-                    http::http(&exe, &dir, tenants, connections, requests, writers)
+                    http::http(&exe, &dir, tenants, connections, requests, servers)
                 }
             };
             println!(

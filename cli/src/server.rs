@@ -28,8 +28,25 @@ pub struct Built {
     pub gateway: Option<crate::gateway::Shared>,
 }
 
-/// Fresh policy instances kept ready per loaded policy (see `Runtime::set_instances_ahead`).
+/// Fresh policy instances each policy keeps made ahead, by default, on a machine of
+/// [`CORES_FOR_INSTANCES_AHEAD`] cores or more (see `Runtime::set_instances_ahead`).
 const INSTANCES_AHEAD: usize = 8;
+/// The fewest cores on which policies make instances ahead by default. The thread that
+/// makes them takes the writer's instantiations and teardowns (15% of its time) at some
+/// cost of its own: on two cores it took CPU time the HTTP side needed (the server's CPU
+/// per admission 3–8% higher, the same rate), so there a decision makes its own.
+const CORES_FOR_INSTANCES_AHEAD: usize = 4;
+
+/// Fresh policy instances each policy keeps made ahead when none are asked for: see
+/// [`CORES_FOR_INSTANCES_AHEAD`].
+pub fn default_instances_ahead() -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    if cores >= CORES_FOR_INSTANCES_AHEAD {
+        INSTANCES_AHEAD
+    } else {
+        0
+    }
+}
 
 /// How often the SQLite WAL is copied back into the database file. Often enough that each
 /// checkpoint's `fsync` stays small: a large one stalls the writer's commits that meet it.
@@ -49,17 +66,20 @@ pub fn build_with(
     store: AnyStore,
     verify_with: Vec<std::path::PathBuf>,
 ) -> Result<(Built, std::thread::JoinHandle<()>), String> {
-    build_shards(config, vec![store], verify_with)
+    build_shards(config, vec![store], verify_with, default_instances_ahead())
 }
 
 /// As [`build_with`], with one writer shard per store: each an engine of its own, on its
 /// own connection to one PostgreSQL store or on a handle of one SQLite file's connection
 /// ([`AnyStore::into_shards`]), a tenant's work going to one of them (`serve --writers
-/// N`). The first store's engine applies the configuration and serves the admin API.
+/// N`). The first store's engine applies the configuration and serves the admin API. Each
+/// shard's policy keeps `instances_ahead` fresh instances made ahead (`serve
+/// --policy-instances-ahead`).
 pub fn build_shards(
     config: ConfigFile,
     mut stores: Vec<AnyStore>,
     verify_with: Vec<std::path::PathBuf>,
+    instances_ahead: usize,
 ) -> Result<(Built, std::thread::JoinHandle<()>), String> {
     if stores.is_empty() {
         return Err("no store to serve from".into());
@@ -87,9 +107,7 @@ pub fn build_shards(
     };
     checkpointed.map_err(|e| format!("store: {e}"))?;
     let mut runtime = crate::runtime::runtime()?;
-    // Decisions on the writer's threads find their instances made, and leave their
-    // teardown, to a thread beside them.
-    runtime.set_instances_ahead(INSTANCES_AHEAD);
+    runtime.set_instances_ahead(instances_ahead);
     let histogram = metrics.policy_calls.clone();
     runtime.set_call_observer(Arc::new(move |d| histogram.observe(d.as_secs_f64())));
     let gateway = Gateway::from_config(&config)?;

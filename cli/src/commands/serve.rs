@@ -39,6 +39,12 @@ pub struct ServeArgs {
     /// least 1, at most 8).
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=64))]
     writers: Option<u16>,
+    /// Fresh instances each writer's policy keeps made ahead by a thread beside it, which
+    /// also drops the used ones, so that a decision neither instantiates nor resets memory
+    /// on the writer (every call still runs in a fresh instance); 0 for none. Default: 8
+    /// on a machine of 4 cores or more, else 0.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(0..=64))]
+    policy_instances_ahead: Option<u16>,
 }
 
 /// Writer shards on a shared store when none are asked for: a third of the machine's
@@ -72,6 +78,7 @@ pub fn run(args: ServeArgs) -> Result<ExitCode, String> {
         verify_with,
         metrics_listen,
         writers,
+        policy_instances_ahead,
     } = args;
     use std::io::IsTerminal;
     use tracing_subscriber::layer::SubscriberExt;
@@ -132,7 +139,10 @@ pub fn run(args: ServeArgs) -> Result<ExitCode, String> {
     while stores.len() < writers {
         stores.push(AnyStore::open(&db).map_err(|e| format!("{db}: {e}"))?);
     }
-    let (state, writer) = tollgate_cli::server::build_shards(config, stores, verify_with)?;
+    let instances_ahead = policy_instances_ahead
+        .map_or_else(tollgate_cli::server::default_instances_ahead, usize::from);
+    let (state, writer) =
+        tollgate_cli::server::build_shards(config, stores, verify_with, instances_ahead)?;
     let watcher = watch_policy.map(|path| {
         tracing::info!(path = %path.display(), "watching the policy");
         tollgate_cli::service::watch_policy(&state.service, path)
