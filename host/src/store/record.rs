@@ -16,6 +16,8 @@
 
 use serde_json::{Map, Number, Value};
 
+mod packer;
+
 use super::StoreError;
 use crate::model::Operation;
 use crate::runtime;
@@ -148,10 +150,9 @@ pub fn from_text(tenant: String, key: String, record: &str) -> Result<Operation,
 
 /// The packed bytes of `op`'s record.
 pub fn pack(op: &Operation) -> Result<Vec<u8>, StoreError> {
-    let tree = serde_json::to_value(op)?;
     let mut out = Vec::with_capacity(160);
     out.push(PACKED_V1);
-    write_value(&mut out, &tree);
+    serde::Serialize::serialize(op, packer::Packer { out: &mut out })?;
     Ok(out)
 }
 
@@ -183,43 +184,14 @@ fn write_varint(out: &mut Vec<u8>, mut n: u64) {
     out.push(n as u8);
 }
 
-fn write_value(out: &mut Vec<u8>, v: &Value) {
-    match v {
-        Value::Null => out.push(NULL),
-        Value::Bool(false) => out.push(FALSE),
-        Value::Bool(true) => out.push(TRUE),
-        Value::Number(n) => {
-            if let Some(u) = n.as_u64() {
-                out.push(UINT);
-                write_varint(out, u);
-            } else if let Some(i) = n.as_i64() {
-                out.push(NEG);
-                write_varint(out, !(i as u64));
-            } else {
-                out.push(FLOAT);
-                out.extend_from_slice(&n.as_f64().unwrap_or(0.0).to_le_bytes());
-            }
-        }
-        Value::String(s) => write_str(out, s),
-        Value::Array(items) => {
-            out.push(ARRAY);
-            write_varint(out, items.len() as u64);
-            items.iter().for_each(|i| write_value(out, i));
-        }
-        Value::Object(fields) => {
-            out.push(OBJECT);
-            write_varint(out, fields.len() as u64);
-            for (name, value) in fields {
-                match FIELDS.iter().position(|f| f == name) {
-                    Some(code) => out.push(code as u8),
-                    None => {
-                        out.push(NAMED);
-                        write_varint(out, name.len() as u64);
-                        out.extend_from_slice(name.as_bytes());
-                    }
-                }
-                write_value(out, value);
-            }
+/// A field name: its code, or written in full after [`NAMED`].
+fn write_name(out: &mut Vec<u8>, name: &str) {
+    match FIELDS.iter().position(|f| *f == name) {
+        Some(code) => out.push(code as u8),
+        None => {
+            out.push(NAMED);
+            write_varint(out, name.len() as u64);
+            out.extend_from_slice(name.as_bytes());
         }
     }
 }
@@ -405,6 +377,80 @@ mod tests {
         let json = serde_json::to_string(&op).unwrap();
         let back = unpack("t".into(), "k".into(), &pack(&op).unwrap()).unwrap();
         assert_eq!(serde_json::to_string(&back).unwrap(), json);
+    }
+
+    /// The tree the reader finds in what `value` packs to.
+    fn packed_tree<T: serde::Serialize>(value: &T) -> Value {
+        let mut out = Vec::new();
+        value.serialize(packer::Packer { out: &mut out }).unwrap();
+        let mut reader = Reader {
+            bytes: &out,
+            depth: 0,
+        };
+        let tree = reader.value().unwrap();
+        assert!(reader.bytes.is_empty());
+        tree
+    }
+
+    #[test]
+    fn what_is_packed_reads_back_as_the_json_tree_of_its_value() {
+        #[derive(serde::Serialize)]
+        enum Shape {
+            Unit,
+            Newtype(i64),
+            Tuple(u8, String),
+            Struct { negative: i32, float: f64 },
+        }
+        #[derive(serde::Serialize)]
+        struct Everything {
+            shapes: Vec<Shape>,
+            by_number: std::collections::BTreeMap<u32, bool>,
+            by_name: std::collections::HashMap<String, Option<char>>,
+            #[serde(with = "serde_bytes_as_slice")]
+            bytes: Vec<u8>,
+            not_finite: f64,
+            extremes: (i64, u64, i8),
+            unit: (),
+            nothing: Option<u8>,
+            digest: String,
+            word: &'static str,
+        }
+        mod serde_bytes_as_slice {
+            pub fn serialize<S: serde::Serializer>(b: &[u8], s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_bytes(b)
+            }
+        }
+        let value = Everything {
+            shapes: vec![
+                Shape::Unit,
+                Shape::Newtype(-7),
+                Shape::Tuple(3, "three".into()),
+                Shape::Struct {
+                    negative: -1,
+                    float: 0.5,
+                },
+            ],
+            by_number: [(1, true), (200, false)].into(),
+            by_name: [("a".to_string(), Some('é')), ("b".to_string(), None)].into(),
+            bytes: vec![0, 255],
+            not_finite: f64::NAN,
+            extremes: (i64::MIN, u64::MAX, -128),
+            unit: (),
+            nothing: None,
+            digest: format!("sha256:{}", "ab".repeat(32)),
+            word: "succeeded",
+        };
+        assert_eq!(packed_tree(&value), serde_json::to_value(&value).unwrap());
+        // Over 127 fields, an object's count takes two bytes.
+        let wide: std::collections::BTreeMap<String, u32> =
+            (0..300).map(|i| (format!("f{i}"), i)).collect();
+        assert_eq!(packed_tree(&wide), serde_json::to_value(&wide).unwrap());
+        let op = finished();
+        assert_eq!(packed_tree(&op), serde_json::to_value(&op).unwrap());
+        // A map key that JSON cannot name is an error, not a panic.
+        let bad: std::collections::BTreeMap<(u8, u8), u8> = [((1, 2), 3)].into();
+        let mut out = Vec::new();
+        assert!(serde::Serialize::serialize(&bad, packer::Packer { out: &mut out }).is_err());
     }
 
     #[test]
