@@ -82,6 +82,10 @@ pub struct Runtime {
     ahead_slots: AheadSlots,
 }
 
+/// Components larger than this make at most two instances ahead (see
+/// [`Runtime::set_instances_ahead`]): an interpreter's, whose instances each hold megabytes.
+pub const LARGE_COMPONENT_BYTES: usize = 1 << 20;
+
 /// Told how long each guest call took (instantiation included, unless the instance was
 /// made ahead), for metrics.
 pub type CallObserver = Arc<dyn Fn(std::time::Duration) + Send + Sync>;
@@ -275,9 +279,17 @@ impl Runtime {
             ));
         }
         policy.info = info;
-        if self.instances_ahead > 0 {
-            if let Some(slots) = self.ahead_slots.hold(self.instances_ahead) {
-                policy.make_instances_ahead(self.instances_ahead, slots);
+        // An interpreter's component (megabytes of it) makes instances of megabytes each,
+        // and a decision of hundreds of microseconds: two made ahead are enough, and hold
+        // that memory twice rather than a dozen times.
+        let depth = if bytes.len() > LARGE_COMPONENT_BYTES {
+            self.instances_ahead.min(2)
+        } else {
+            self.instances_ahead
+        };
+        if depth > 0 {
+            if let Some(slots) = self.ahead_slots.hold(depth) {
+                policy.make_instances_ahead(depth, slots);
             }
         }
         Ok(policy)
@@ -291,7 +303,8 @@ impl Runtime {
     /// one fresh instance per call. A policy makes instances ahead only while the pool
     /// slots they may hold fit in what is set aside for them (all of the pool but half of
     /// it or 64 slots, whichever is fewer, shared by every policy this runtime loads);
-    /// beyond that, and with 0, each call instantiates its own.
+    /// beyond that, and with 0, each call instantiates its own. A component larger than
+    /// [`LARGE_COMPONENT_BYTES`] makes at most two ahead.
     pub fn set_instances_ahead(&mut self, depth: usize) {
         self.instances_ahead = depth;
     }

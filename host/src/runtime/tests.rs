@@ -506,3 +506,37 @@ fn instances_made_ahead_hold_no_more_than_the_slots_set_aside() {
     enough.set_instances_ahead(8);
     assert!(load(&enough).ahead.is_some());
 }
+
+#[test]
+fn a_large_component_makes_two_instances_ahead() {
+    let mut runtime = Runtime::new().unwrap();
+    runtime.set_instances_ahead(8);
+    let aside = runtime.ahead_slots.free();
+    // `faulty` with a custom section that takes it past LARGE_COMPONENT_BYTES.
+    let mut large = fixture("faulty");
+    let name = b"padding";
+    let size = 1 + name.len() + LARGE_COMPONENT_BYTES;
+    large.push(0);
+    let mut n = size;
+    while n >= 0x80 {
+        large.push((n as u8 & 0x7f) | 0x80);
+        n >>= 7;
+    }
+    large.push(n as u8);
+    large.push(name.len() as u8);
+    large.extend_from_slice(name);
+    large.resize(large.len() + LARGE_COMPONENT_BYTES, 0);
+    let policy = runtime.load(&large, PolicyLimits::DEFAULT).unwrap();
+    // 2 ready, 3 bunches of 1, and the one being made.
+    assert_eq!(aside - runtime.ahead_slots.free(), 6);
+    until_one_is_ready(&policy);
+    let view = DecisionView::scratch(Arc::default());
+    assert!(policy.admit(view, &request("remember-1")).is_ok());
+    drop(policy);
+    let small = runtime
+        .load(&fixture("faulty"), PolicyLimits::DEFAULT)
+        .unwrap();
+    assert_eq!(aside - runtime.ahead_slots.free(), 21);
+    drop(small);
+    assert_eq!(runtime.ahead_slots.free(), aside);
+}
