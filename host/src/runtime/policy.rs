@@ -219,10 +219,7 @@ impl LoadedPolicy {
         let (limits, digest_hex) = (self.limits, self.digest_hex.clone());
         self.ahead = Ahead::start(depth, slots, move || {
             let view = DecisionView::scratch(Arc::default());
-            let engine = pre.component().engine();
-            let mut store = new_store(engine, &limits, &digest_hex, view, String::new()).ok()?;
-            let instance = pre.instantiate(&mut store).ok()?;
-            Some(Ready { store, instance })
+            fresh(&pre, &limits, &digest_hex, view, String::new()).ok()
         });
     }
 
@@ -247,24 +244,21 @@ impl LoadedPolicy {
         R: ComponentNamedList + Lift,
     {
         self.observed(|| {
-            let ready = self.ahead.as_ref().and_then(Ahead::take);
-            let (mut store, instance) = match ready {
-                Some(Ready {
-                    mut store,
-                    instance,
-                }) => {
-                    store.data_mut().begin(view, key.to_string());
-                    (store, instance)
+            let Ready {
+                mut store,
+                instance,
+            } = match self.ahead.as_ref().and_then(Ahead::take) {
+                Some(mut ready) => {
+                    ready.store.data_mut().begin(view, key.to_string());
+                    ready
                 }
-                None => {
-                    let mut store = self.store(view, key.to_string())?;
-                    let instance = self
-                        .pre
-                        .instance_pre()
-                        .instantiate(&mut store)
-                        .map_err(|e| PolicyFault::of("instantiation: ", &e))?;
-                    (store, instance)
-                }
+                None => fresh(
+                    self.pre.instance_pre(),
+                    &self.limits,
+                    &self.digest_hex,
+                    view,
+                    key.to_string(),
+                )?,
             };
             let func = instance
                 .get_func(&mut store, export)
@@ -353,6 +347,21 @@ impl LoadedPolicy {
         )?;
         Ok(verdict.map_err(bounded))
     }
+}
+
+/// A fresh instance of `pre` in a store of its own (see [`new_store`]).
+fn fresh(
+    pre: &wasmtime::component::InstancePre<HostState>,
+    limits: &PolicyLimits,
+    digest_hex: &Arc<str>,
+    view: DecisionView,
+    key: String,
+) -> Result<Ready, PolicyFault> {
+    let mut store = new_store(pre.component().engine(), limits, digest_hex, view, key)?;
+    let instance = pre
+        .instantiate(&mut store)
+        .map_err(|e| PolicyFault::of("instantiation: ", &e))?;
+    Ok(Ready { store, instance })
 }
 
 /// A store for one guest call about operation `key` of the policy `digest_hex` names, with
