@@ -164,7 +164,8 @@ impl<S: Store> Engine<S> {
         let deployment = match deployment {
             Some(chosen) => {
                 let name = chosen.name.clone();
-                chosen.apply(tx, &self.config().alerts, now_ms)?;
+                let holder = self.holder().map(|h| &**h);
+                chosen.apply(tx, holder, &self.config().alerts, now_ms)?;
                 Some(name)
             }
             None => None,
@@ -393,7 +394,8 @@ impl<S: Store> Engine<S> {
                 busy_retry_after_ms: busy,
                 draw: deployments::draw(config.seed, &req.tenant, &req.key, guest_req.attempt),
             };
-            match deployments::choose(tx, &config, model, now_ms, &ask)? {
+            let holder = self.holder().map(|h| &**h);
+            match deployments::choose(tx, &config, model, now_ms, &ask, holder)? {
                 Ok(chosen) => planned.deployment = Some(chosen),
                 Err(refusal) => {
                     let fallbacks = if req.fallback {
@@ -458,7 +460,8 @@ impl<S: Store> Engine<S> {
             let Ok(reservation) = budgets.check(tx, now_ms, &needs)? else {
                 continue;
             };
-            if let Ok(chosen) = deployments::choose(tx, &config, f, now_ms, &ask)? {
+            let holder = self.holder().map(|h| &**h);
+            if let Ok(chosen) = deployments::choose(tx, &config, f, now_ms, &ask, holder)? {
                 return Ok(Some((reservation, chosen, cost)));
             }
         }

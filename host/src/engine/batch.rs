@@ -372,9 +372,7 @@ impl<S: Store> Engine<S> {
         routed.dedup();
         for model in routed {
             for d in super::deployments::DeploymentBudgets::of(&config, model) {
-                let (buckets, slots) = d.rows();
-                hint.buckets.extend(buckets);
-                hint.slots.extend(slots);
+                d.hint(self.holder().map(|h| &**h), &mut hint);
             }
             // A fallback reserves its own model's buckets.
             if let Some(m) = config.model(model) {

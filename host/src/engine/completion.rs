@@ -4,6 +4,7 @@
 
 use super::budgets::{release_shared_slot, release_slot, Budgets};
 use super::deployments::{self, AttemptEnd, DeploymentBudgets, ProviderLimits};
+use super::leases::SharedRow;
 use super::Engine;
 use crate::model::{names, CallResult, OpState, Operation, RetryVerdict, Route, Usage};
 use crate::runtime::{self, Decider, Failure, GiveUpReason, RetryDecision};
@@ -306,7 +307,8 @@ impl<S: Store> Engine<S> {
                 provider_retry_after_ms: c.provider_retry_after_ms,
                 limits: c.provider_limits.as_ref(),
             };
-            deployments::end_attempt(tx, &self.config(), model, name, now_ms, &end)?;
+            let holder = self.holder().map(|h| &**h);
+            deployments::end_attempt(tx, &self.config(), model, name, now_ms, &end, holder)?;
         }
         match c.result {
             CallResult::Succeeded => {
@@ -452,7 +454,18 @@ impl<S: Store> Engine<S> {
         }
         if op.holds_deployment_slot {
             if let (Some(model), Some(name)) = (&op.model, &op.deployment) {
-                release_slot(tx, &names::deployment_slots(model, name))?;
+                let config = self.config();
+                let leased = config
+                    .routing
+                    .get(model)
+                    .and_then(|r| r.deployments.iter().find(|d| &d.name == name))
+                    .and_then(|d| DeploymentBudgets::new(model, d).leased_slots());
+                match (self.holder(), leased) {
+                    (Some(h), Some(slots)) => {
+                        release_shared_slot(tx, Some(&**h), &slots, now_ms)?;
+                    }
+                    _ => release_slot(tx, &names::deployment_slots(model, name))?,
+                }
             }
             op.holds_deployment_slot = false;
         }
@@ -481,9 +494,11 @@ impl<S: Store> Engine<S> {
                             .find(|d| &d.name == name && d.tokens.is_some())
                     });
                     if let Some(d) = configured {
-                        DeploymentBudgets::new(model, d)
-                            .tokens
-                            .refund(tx, unused, now_ms)?;
+                        let tokens = DeploymentBudgets::new(model, d).tokens;
+                        match self.holder() {
+                            Some(h) => h.refund(tx, SharedRow::Bucket(&tokens), unused, now_ms)?,
+                            None => tokens.refund(tx, unused, now_ms)?,
+                        }
                     }
                 }
             }

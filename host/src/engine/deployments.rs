@@ -14,15 +14,23 @@
 //!   ends; a provider's lowered balance does not refill before the provider's reset (a
 //!   bucket never refills before its `updated_ms`);
 //! - consecutive failures, ejections in a row and the learned limit are counts in slot rows.
+//!
+//! An engine that holds leases (a replica, or a shard on PostgreSQL) reserves a deployment's
+//! configured buckets and its concurrency (unless adaptive) through its leases, as it does
+//! the other shared budgets. While other holders are live it reads the pause and failure
+//! rows as last seen (refreshed with each renewal, and at once when it writes them), and
+//! keeps what providers say to itself: an admission then locks none of the deployment's
+//! rows (docs/design.md, "Leases for shared budgets").
 
-use super::budgets::{BucketRef, Refusal};
-use crate::alerts::{crossings, AlertRule};
+use super::budgets::{BucketRef, Refusal, SlotRef};
+use super::leases::{Holder, RowWrite, SharedRow, Taken};
+use crate::alerts::{crossings, Alert, AlertRule};
 use crate::bucket::{self, Limits, Shortage};
 use crate::config::{Concurrency, Config, Deployment, Routing};
 use crate::explain::{Shortfall, Unit};
 use crate::model::names;
 use crate::reason::Reason;
-use crate::store::{StoreError, Tx};
+use crate::store::{Prefetch, StoreError, Tx};
 
 /// Consecutive failures (5xx, refused connections) that eject a deployment.
 pub const EJECT_AFTER_FAILURES: u32 = 3;
@@ -42,6 +50,16 @@ pub const ADAPTIVE_MAX: u32 = 1_000;
 pub const ADAPTIVE_BACKOFF: f64 = 0.9;
 /// The learned limit is kept in thousandths, so that a success adds a fraction of a call.
 const MILLI: u32 = 1000;
+
+/// A concurrency with no configured limit is leased as a slot count this large, so that its
+/// calls in flight are counted as a limited one's are.
+pub(crate) const UNLIMITED_SLOTS: u32 = 1 << 30;
+
+/// The holder that reads deployments' state rows as last seen and keeps what providers say
+/// to itself: one that leases now (others are live).
+fn seeing(holder: Option<&Holder>) -> Option<&Holder> {
+    holder.filter(|h| h.leasing())
+}
 
 /// A bucket that no configuration limits: a provider's report may still lower it for a
 /// while (it then refills at once when the provider said it resets).
@@ -115,21 +133,91 @@ impl<'a> DeploymentBudgets<'a> {
             .unwrap_or_default()
     }
 
-    /// Every row it may read or write: bucket names, then slot scopes.
-    pub fn rows(&self) -> ([String; 3], [String; 4]) {
-        (
-            [
-                self.requests.name.clone(),
-                self.tokens.name.clone(),
-                self.pause.clone(),
-            ],
-            [
-                self.slots.clone(),
-                self.failures.clone(),
-                self.ejections.clone(),
-                self.limit.clone(),
-            ],
-        )
+    /// Names in `hint` every row an admission or a completion through it may reach. With
+    /// a holder, its leases instead of the leased shared rows; while it leases, not the
+    /// rows it reads as last seen either (reached, if written, only when free at once).
+    pub fn hint(&self, holder: Option<&Holder>, hint: &mut Prefetch) {
+        let seeing = seeing(holder).is_some();
+        let configured = [
+            (&self.requests, self.requests_configured),
+            (&self.tokens, self.tokens_configured),
+        ];
+        for (b, configured) in configured {
+            match holder {
+                Some(h) if configured => h.hint_budget(SharedRow::Bucket(b), hint),
+                _ if !seeing => hint.buckets.push(b.name.clone()),
+                _ => {}
+            }
+        }
+        match (holder, self.leased_slots()) {
+            (Some(h), Some(s)) => h.hint_budget(SharedRow::Slots(&s), hint),
+            _ => hint.slots.push(self.slots.clone()),
+        }
+        if self.deployment.max_concurrency == Some(Concurrency::Adaptive) {
+            hint.slots.push(self.limit.clone());
+        }
+        if !seeing {
+            hint.buckets.push(self.pause.clone());
+            hint.slots.push(self.failures.clone());
+            hint.slots.push(self.ejections.clone());
+        }
+    }
+
+    /// Its concurrency as a leased slot count: its limit, or [`UNLIMITED_SLOTS`] without
+    /// one; `None` for an adaptive limit, whose count all holders share directly.
+    pub fn leased_slots(&self) -> Option<SlotRef> {
+        let limit = match self.deployment.max_concurrency {
+            Some(Concurrency::Adaptive) => return None,
+            Some(Concurrency::Fixed(n)) => n,
+            None => UNLIMITED_SLOTS,
+        };
+        Some(SlotRef {
+            scope: self.slots.clone(),
+            limit,
+        })
+    }
+
+    /// Its configured buckets, the budgets a holder leases.
+    pub fn leased_buckets(&self) -> impl Iterator<Item = &BucketRef> {
+        [
+            (&self.requests, self.requests_configured),
+            (&self.tokens, self.tokens_configured),
+        ]
+        .into_iter()
+        .filter(|(_, configured)| *configured)
+        .map(|(b, _)| b)
+    }
+
+    /// The rows a holder reads as last seen while it leases: the pause (a bucket row),
+    /// then the failure and ejection counts (slot rows).
+    pub fn seen_rows(&self) -> (&str, [&str; 2]) {
+        (&self.pause, [&self.failures, &self.ejections])
+    }
+
+    /// Records what the transaction holds of the rows `holder` reads as last seen, after
+    /// it wrote them.
+    fn remember(&self, tx: &mut dyn Tx, holder: &Holder) -> Result<(), StoreError> {
+        let until = tx.bucket(&self.pause)?.map_or(0, |s| s.updated_ms);
+        holder.saw(&self.pause, until);
+        for row in [&self.failures, &self.ejections] {
+            holder.saw(row, i64::from(tx.slots_in_use(row)?));
+        }
+        Ok(())
+    }
+
+    /// A count kept in a slot row: as last seen by `seeing`, else read now.
+    fn count(
+        &self,
+        tx: &mut dyn Tx,
+        row: &str,
+        seeing: Option<&Holder>,
+    ) -> Result<u32, StoreError> {
+        Ok(match seeing {
+            Some(h) => h
+                .seen(row)
+                .map_or(0, |n| n.clamp(0, i64::from(u32::MAX)) as u32),
+            None => tx.slots_in_use(row)?,
+        })
     }
 
     /// The concurrency limit now: configured, learned, or none.
@@ -144,7 +232,7 @@ impl<'a> DeploymentBudgets<'a> {
     /// What the deployment is now, as `inspect` shows it.
     pub fn health(&self, tx: &mut dyn Tx, now_ms: i64) -> Result<Health, StoreError> {
         let failures = tx.slots_in_use(&self.failures)?;
-        let paused_until = self.paused_until(tx, now_ms)?;
+        let paused_until = self.paused_until(tx, now_ms, None)?;
         let state = match (paused_until, failures >= EJECT_AFTER_FAILURES) {
             (Some(_), true) => HealthState::Ejected,
             (Some(_), false) => HealthState::Paused,
@@ -162,36 +250,63 @@ impl<'a> DeploymentBudgets<'a> {
         })
     }
 
-    /// When its pause or ejection ends, if it is paused at `now_ms`.
-    fn paused_until(&self, tx: &mut dyn Tx, now_ms: i64) -> Result<Option<i64>, StoreError> {
-        Ok(tx
-            .bucket(&self.pause)?
-            .map(|s| s.updated_ms)
-            .filter(|&t| t > now_ms))
+    /// When its pause or ejection ends, if it is paused at `now_ms`: as last seen by
+    /// `seeing`, else read now.
+    fn paused_until(
+        &self,
+        tx: &mut dyn Tx,
+        now_ms: i64,
+        seeing: Option<&Holder>,
+    ) -> Result<Option<i64>, StoreError> {
+        let until = match seeing {
+            Some(h) => h.seen(&self.pause),
+            None => tx.bucket(&self.pause)?.map(|s| s.updated_ms),
+        };
+        Ok(until.filter(|&t| t > now_ms))
     }
 
     /// Whether this deployment can take a call of `tokens` now: the spends and slot count to
-    /// write, with a score for the choice, or how long until it could.
-    fn check(&self, tx: &mut dyn Tx, now_ms: i64, tokens: u64) -> Result<Check, StoreError> {
-        let mut spends = Vec::new();
-        let mut headroom = 1.0f64;
-        let mut short: Option<Shortfall> = None;
-        let paused = self.paused_until(tx, now_ms)?.map(|t| (t - now_ms) as u64);
-        if let Some(ms) = paused {
-            short = Some(Shortfall {
+    /// write, with a score for the choice, or how long until it could. Through `holder`'s
+    /// leases, its configured buckets and concurrency are only looked at here: the chosen
+    /// deployment's are taken by [`Chosen::take`].
+    fn check(
+        &self,
+        tx: &mut dyn Tx,
+        now_ms: i64,
+        tokens: u64,
+        holder: Option<&Holder>,
+    ) -> Result<Check, StoreError> {
+        let seeing = seeing(holder);
+        let paused = |ms: i64| Check::Short {
+            wait: Some((ms - now_ms) as u64),
+            busy: false,
+            short: Some(Shortfall {
                 limit: self.pause.clone(),
                 requested: 1,
                 available: 0,
                 unit: Unit::Requests,
                 capacity: None,
                 output_tokens: None,
-            });
-            return Ok(Check::Short {
-                wait: Some(ms),
-                busy: false,
-                short,
-            });
+            }),
+        };
+        if let Some(until) = self.paused_until(tx, now_ms, seeing)? {
+            return Ok(paused(until));
         }
+        // After an ejection's cool-down, one probe call decides: taking it pauses the
+        // deployment again for a cool-down's length, which its success ends. One call at a
+        // time: a holder that saw it probing decides on the rows themselves.
+        let mut probing = self.count(tx, &self.failures, seeing)? >= EJECT_AFTER_FAILURES;
+        if probing && seeing.is_some() {
+            if let Some(until) = self.paused_until(tx, now_ms, None)? {
+                return Ok(paused(until));
+            }
+            probing = tx.slots_in_use(&self.failures)? >= EJECT_AFTER_FAILURES;
+        }
+        let mut short: Option<Shortfall> = None;
+        let mut spends = Vec::new();
+        let mut leased = Vec::new();
+        let mut said = Vec::new();
+        let mut headroom = 1.0f64;
         let mut wait: Option<u64> = Some(0);
         let wanted: [(&BucketRef, u64, bool, Unit); 2] = [
             (&self.requests, 1, self.requests_configured, Unit::Requests),
@@ -201,10 +316,31 @@ impl<'a> DeploymentBudgets<'a> {
             if credits == 0 {
                 continue;
             }
-            let stored = tx.bucket(&b.name)?;
-            let level = match stored {
-                Some(s) => s.refilled(b.limits, now_ms),
-                None => bucket::State::full(b.limits, now_ms),
+            // What the provider last said, where this holder keeps it.
+            let word = seeing.and_then(|h| h.said_level(&b.name, b.limits, now_ms));
+            let (level, stored) = match holder {
+                Some(h) if configured => {
+                    let micro = h.level_micro(tx, SharedRow::Bucket(b), now_ms)?;
+                    let view = bucket::State {
+                        balance_micro: micro,
+                        updated_ms: now_ms,
+                    };
+                    (
+                        word.filter(|w| w.balance_micro < micro).unwrap_or(view),
+                        None,
+                    )
+                }
+                _ if seeing.is_some() => {
+                    (word.unwrap_or(bucket::State::full(b.limits, now_ms)), None)
+                }
+                _ => {
+                    let stored = tx.bucket(&b.name)?;
+                    let level = match stored {
+                        Some(s) => s.refilled(b.limits, now_ms),
+                        None => bucket::State::full(b.limits, now_ms),
+                    };
+                    (level, stored)
+                }
             };
             // Paused (or lowered until the provider's reset): no refill before `updated_ms`.
             let paused_ms = (level.updated_ms - now_ms).max(0) as u64;
@@ -214,10 +350,23 @@ impl<'a> DeploymentBudgets<'a> {
                         headroom = headroom
                             .min(next.balance_micro as f64 / b.limits.capacity_micro.max(1) as f64);
                     }
-                    // An unlimited bucket at its full level needs no row.
-                    if configured
-                        || stored.is_some_and(|s| s.balance_micro < b.limits.capacity_micro)
+                    if word.is_some() {
+                        said.push((b.name.clone(), b.limits, credits));
+                    }
+                    if holder.is_some() && configured {
+                        leased.push((
+                            BucketRef {
+                                name: b.name.clone(),
+                                limits: b.limits,
+                            },
+                            credits,
+                            unit,
+                        ));
+                    } else if seeing.is_none()
+                        && (configured
+                            || stored.is_some_and(|s| s.balance_micro < b.limits.capacity_micro))
                     {
+                        // An unlimited bucket at its full level needs no row.
                         spends.push(Spend {
                             name: b.name.clone(),
                             limits: b.limits,
@@ -230,6 +379,10 @@ impl<'a> DeploymentBudgets<'a> {
                     let w = match shortage {
                         Shortage::RetryAfterMs(ms) => Some(ms + paused_ms),
                         Shortage::NoRefill if paused_ms > 0 => Some(paused_ms),
+                        // Credits in other holders' leases come back within a lease's life.
+                        Shortage::NoRefill if seeing.is_some() && configured => {
+                            Some(crate::lease::LIFE_MS as u64)
+                        }
                         Shortage::NoRefill | Shortage::NeverFits => None,
                     };
                     wait = match (wait, w) {
@@ -247,11 +400,18 @@ impl<'a> DeploymentBudgets<'a> {
                 }
             }
         }
-        let in_use = tx.slots_in_use(&self.slots)?;
-        // After an ejection's cool-down, one probe call decides: taking it pauses the
-        // deployment again for a cool-down's length, which its success ends.
-        let probing = tx.slots_in_use(&self.failures)? >= EJECT_AFTER_FAILURES;
-        if let Some(limit) = self.concurrency_limit(tx)? {
+        let limit = self.concurrency_limit(tx)?;
+        let leased_slots = holder.and(self.leased_slots());
+        let in_use = match (holder, &leased_slots, limit) {
+            (Some(h), Some(s), Some(_)) => {
+                let free = h.level_micro(tx, SharedRow::Slots(s), now_ms)? / bucket::MICRO;
+                (i64::from(s.limit) - free).clamp(0, i64::from(u32::MAX)) as u32
+            }
+            // Leased without a limit: nothing to look at before taking one.
+            (Some(_), Some(_), None) => 0,
+            _ => tx.slots_in_use(&self.slots)?,
+        };
+        if let Some(limit) = limit {
             if in_use >= limit {
                 short.get_or_insert(Shortfall {
                     limit: self.slots.clone(),
@@ -281,7 +441,15 @@ impl<'a> DeploymentBudgets<'a> {
             model: self.model.to_string(),
             name: self.deployment.name.clone(),
             spends,
-            slot: (self.slots.clone(), in_use),
+            leased,
+            direct_slot: match leased_slots {
+                Some(_) => None,
+                None => Some((self.slots.clone(), in_use)),
+            },
+            leased_slot: leased_slots,
+            said,
+            writes: Vec::new(),
+            alerts: Vec::new(),
             score: self.deployment.weight * headroom,
             probe: probing.then(|| (self.pause.clone(), now_ms.saturating_add(EJECT_BASE_MS))),
         }))
@@ -290,11 +458,14 @@ impl<'a> DeploymentBudgets<'a> {
     /// Lowers the balances to what the provider says is left; never raises them. Calls
     /// sent but not yet seen by the provider when it answered may go past what it said by
     /// at most the calls in flight: the provider refuses those, and they move on.
+    ///
+    /// While `holder` leases, what the provider says stays with it (see [`Holder::heard`]).
     fn learn(
         &self,
         tx: &mut dyn Tx,
         now_ms: i64,
         limits: &ProviderLimits,
+        holder: Option<&Holder>,
     ) -> Result<(), StoreError> {
         let pairs = [
             (
@@ -312,7 +483,13 @@ impl<'a> DeploymentBudgets<'a> {
         ];
         for (b, remaining, reset_ms, configured) in pairs {
             let Some(remaining) = remaining else { continue };
-            let level = b.level(tx, now_ms)?;
+            let seeing = seeing(holder);
+            let level = match seeing {
+                Some(h) => h
+                    .said_level(&b.name, b.limits, now_ms)
+                    .unwrap_or(bucket::State::full(b.limits, now_ms)),
+                None => b.level(tx, now_ms)?,
+            };
             let said = i64::try_from(remaining)
                 .unwrap_or(i64::MAX)
                 .saturating_mul(bucket::MICRO);
@@ -326,13 +503,14 @@ impl<'a> DeploymentBudgets<'a> {
                 (false, None) => now_ms.saturating_add(DEFAULT_PAUSE_MS),
                 (true, _) => level.updated_ms,
             };
-            tx.set_bucket(
-                &b.name,
-                bucket::State {
-                    balance_micro: said,
-                    updated_ms: updated_ms.max(level.updated_ms),
-                },
-            )?;
+            let lowered = bucket::State {
+                balance_micro: said,
+                updated_ms: updated_ms.max(level.updated_ms),
+            };
+            match seeing {
+                Some(h) => h.heard(&b.name, b.limits, lowered, now_ms),
+                None => tx.set_bucket(&b.name, lowered)?,
+            }
         }
         Ok(())
     }
@@ -341,7 +519,7 @@ impl<'a> DeploymentBudgets<'a> {
     /// already longer stays.
     fn pause(&self, tx: &mut dyn Tx, now_ms: i64, until_ms: i64) -> Result<(), StoreError> {
         let until = self
-            .paused_until(tx, now_ms)?
+            .paused_until(tx, now_ms, None)?
             .map_or(until_ms, |t| t.max(until_ms));
         tx.set_bucket(
             &self.pause,
@@ -382,23 +560,108 @@ struct Spend {
     after: bucket::State,
 }
 
-/// A deployment chosen and checked, not yet written: [`Chosen::apply`] reserves it.
+/// A deployment chosen and checked, not yet written: [`Chosen::take`] takes what it
+/// reserves through leases, [`Chosen::apply`] writes it all.
 pub(crate) struct Chosen {
     pub model: String,
     pub name: String,
+    /// Buckets written directly.
     spends: Vec<Spend>,
-    slot: (String, u32),
+    /// Configured buckets reserved through the holder's leases: credits, and their unit.
+    leased: Vec<(BucketRef, u64, Unit)>,
+    /// Its slot count and what was in use, written directly.
+    direct_slot: Option<(String, u32)>,
+    /// Its concurrency, reserved through the holder's lease.
+    leased_slot: Option<SlotRef>,
+    /// Credits counted against the provider's word the holder keeps.
+    said: Vec<(String, Limits, u64)>,
+    /// What taking the leased budgets writes, and the alerts they cross.
+    writes: Vec<RowWrite>,
+    alerts: Vec<Alert>,
     score: f64,
     /// For a probe: the pause row, and until when the probe holds the deployment.
     probe: Option<(String, i64)>,
 }
 
 impl Chosen {
+    /// Takes what it reserves through `holder`'s leases (from its lease, else from the
+    /// shared row), writing nothing yet; what was short, and how long to wait, when it
+    /// cannot.
+    fn take(
+        &mut self,
+        tx: &mut dyn Tx,
+        holder: Option<&Holder>,
+        rules: &[AlertRule],
+        now_ms: i64,
+    ) -> Result<Result<(), (Shortfall, Option<u64>)>, StoreError> {
+        let Some(h) = holder else {
+            return Ok(Ok(()));
+        };
+        for (b, credits, unit) in &self.leased {
+            match h.spend(tx, SharedRow::Bucket(b), *credits, now_ms)? {
+                Taken::Spent {
+                    writes,
+                    before_micro,
+                    after_micro,
+                } => {
+                    self.writes.extend(writes);
+                    let at = |balance_micro| bucket::State {
+                        balance_micro,
+                        updated_ms: now_ms,
+                    };
+                    let (before, after) = (at(before_micro), at(after_micro));
+                    self.alerts
+                        .extend(crossings(rules, &b.name, b.limits, before, after, now_ms));
+                }
+                Taken::Short {
+                    available_micro,
+                    shortage,
+                } => {
+                    let short = Shortfall {
+                        limit: b.name.clone(),
+                        requested: *credits,
+                        available: (available_micro / bucket::MICRO).max(0) as u64,
+                        unit: *unit,
+                        capacity: None,
+                        output_tokens: None,
+                    };
+                    let wait = match shortage {
+                        Shortage::RetryAfterMs(ms) => Some(ms),
+                        Shortage::NoRefill | Shortage::NeverFits => None,
+                    };
+                    return Ok(Err((short, wait)));
+                }
+            }
+        }
+        if let Some(s) = &self.leased_slot {
+            match h.spend(tx, SharedRow::Slots(s), 1, now_ms)? {
+                Taken::Spent { writes, .. } => self.writes.extend(writes),
+                Taken::Short {
+                    available_micro, ..
+                } => {
+                    let free = (available_micro / bucket::MICRO).max(0) as u64;
+                    let short = Shortfall {
+                        limit: s.scope.clone(),
+                        requested: 1,
+                        available: free,
+                        unit: Unit::Slots,
+                        capacity: None,
+                        output_tokens: None,
+                    };
+                    return Ok(Err((short, None)));
+                }
+            }
+        }
+        Ok(Ok(()))
+    }
+
     /// Writes the deployment's spends, with the alerts of `rules` they cross, and takes its
-    /// slot (in the caller's transaction).
+    /// slot (in the caller's transaction); counts the call against the provider's word
+    /// `holder` keeps.
     pub fn apply(
         self,
         tx: &mut dyn Tx,
+        holder: Option<&Holder>,
         rules: &[AlertRule],
         now_ms: i64,
     ) -> Result<(), StoreError> {
@@ -408,14 +671,31 @@ impl Chosen {
                 tx.put_alert(&alert)?;
             }
         }
+        for w in &self.writes {
+            w.apply(tx)?;
+        }
+        for alert in &self.alerts {
+            tx.put_alert(alert)?;
+        }
         if let Some((pause, until_ms)) = &self.probe {
             let held = bucket::State {
                 balance_micro: 0,
                 updated_ms: *until_ms,
             };
             tx.set_bucket(pause, held)?;
+            if let Some(h) = holder {
+                h.saw(pause, *until_ms);
+            }
         }
-        tx.set_slots_in_use(&self.slot.0, self.slot.1 + 1)
+        if let Some(h) = holder {
+            for (name, limits, credits) in &self.said {
+                h.spend_said(name, *limits, *credits, now_ms);
+            }
+        }
+        match &self.direct_slot {
+            Some((scope, in_use)) => tx.set_slots_in_use(scope, in_use + 1),
+            None => Ok(()),
+        }
     }
 }
 
@@ -436,7 +716,8 @@ pub(crate) struct Ask<'a> {
 /// nothing. Among those that can take the call, one is drawn with a probability
 /// proportional to weight × headroom (the smallest fraction its request bucket, token
 /// bucket and concurrency keep after this call; 1 where unlimited); `ask.avoid` and
-/// deployments of weight 0 only when no other can. None can: a `deployment_capacity`
+/// deployments of weight 0 only when no other can. Through `holder`'s leases the drawn one
+/// is taken at once, and another drawn if it cannot be. None can: a `deployment_capacity`
 /// refusal whose retry-after is the earliest any could.
 pub(crate) fn choose(
     tx: &mut dyn Tx,
@@ -444,6 +725,7 @@ pub(crate) fn choose(
     model: &str,
     now_ms: i64,
     ask: &Ask<'_>,
+    holder: Option<&Holder>,
 ) -> Result<Result<Chosen, Refusal>, StoreError> {
     // Those that fit, by class: preferred (not avoided) and weighted first.
     let mut fits: Vec<((bool, bool), Chosen)> = Vec::new();
@@ -451,7 +733,7 @@ pub(crate) fn choose(
     let mut first_short = None;
     let busy_retry_after_ms = ask.busy_retry_after_ms;
     for d in DeploymentBudgets::of(config, model) {
-        match d.check(tx, now_ms, ask.tokens)? {
+        match d.check(tx, now_ms, ask.tokens, holder)? {
             Check::Fits(c) => {
                 let class = (
                     ask.avoid != Some(c.name.as_str()),
@@ -470,31 +752,36 @@ pub(crate) fn choose(
             }
         }
     }
-    let Some(best) = fits.iter().map(|(class, _)| *class).max() else {
-        return Ok(Err(Refusal {
-            reason: Reason::DeploymentCapacity,
-            retry_after_ms: earliest,
-            shortfall: first_short,
-        }));
-    };
-    let mut pool: Vec<Chosen> = fits
-        .into_iter()
-        .filter(|(class, _)| *class == best)
-        .map(|(_, c)| c)
-        .collect();
-    // A weight of 0 draws by headroom alone; a deployment that fits always has a chance.
-    let score = |c: &Chosen| c.score.max(1e-9);
-    let total: f64 = pool.iter().map(score).sum();
-    let mut point = (ask.draw >> 11) as f64 / (1u64 << 53) as f64 * total;
-    let mut pick = pool.len() - 1;
-    for (i, c) in pool.iter().enumerate() {
-        if point < score(c) {
-            pick = i;
-            break;
+    while let Some(best) = fits.iter().map(|(class, _)| *class).max() {
+        let pool: Vec<usize> = (0..fits.len()).filter(|&i| fits[i].0 == best).collect();
+        // A weight of 0 draws by headroom alone; a deployment that fits always has a chance.
+        let score = |i: usize| fits[i].1.score.max(1e-9);
+        let total: f64 = pool.iter().map(|&i| score(i)).sum();
+        let mut point = (ask.draw >> 11) as f64 / (1u64 << 53) as f64 * total;
+        let mut pick = pool[pool.len() - 1];
+        for &i in &pool {
+            if point < score(i) {
+                pick = i;
+                break;
+            }
+            point -= score(i);
         }
-        point -= score(c);
+        let (_, mut chosen) = fits.swap_remove(pick);
+        match chosen.take(tx, holder, &config.alerts, now_ms)? {
+            Ok(()) => return Ok(Ok(chosen)),
+            Err((short, wait)) => {
+                if let Some(w) = wait {
+                    earliest = Some(earliest.map_or(w, |e: u64| e.min(w)));
+                }
+                first_short.get_or_insert(short);
+            }
+        }
     }
-    Ok(Ok(pool.swap_remove(pick)))
+    Ok(Err(Refusal {
+        reason: Reason::DeploymentCapacity,
+        retry_after_ms: earliest,
+        shortfall: first_short,
+    }))
 }
 
 /// The draw of one call's attempt: FNV-1a of the engine's seed, the tenant, the key and
@@ -526,6 +813,9 @@ pub(crate) struct AttemptEnd<'a> {
 /// Learns from how an attempt on deployment `name` of `model` ended (its answer's limits,
 /// pauses, failures, ejections, the adaptive limit). The slot is released apart, when the
 /// attempt's termination is known.
+///
+/// While `holder` leases, it learns the provider's word for itself, and reaches the pause
+/// and failure rows only to change them (a success resets failures only where it saw some).
 pub(crate) fn end_attempt(
     tx: &mut dyn Tx,
     config: &Config,
@@ -533,6 +823,7 @@ pub(crate) fn end_attempt(
     name: &str,
     now_ms: i64,
     end: &AttemptEnd<'_>,
+    holder: Option<&Holder>,
 ) -> Result<(), StoreError> {
     use crate::model::CallResult;
     let Some(d) = config
@@ -545,10 +836,12 @@ pub(crate) fn end_attempt(
     };
     let can_eject = can_move(config.routing.get(model));
     let d = DeploymentBudgets::new(model, d);
-    let in_use = tx.slots_in_use(&d.slots)?;
+    let seeing = seeing(holder);
     if let Some(l) = end.limits {
-        d.learn(tx, now_ms, l)?;
+        d.learn(tx, now_ms, l, holder)?;
     }
+    // Whether the pause and failure rows were reached (and so are read again for `seeing`).
+    let mut reached = true;
     let adaptive = d.deployment.max_concurrency == Some(Concurrency::Adaptive);
     let set_limit = |tx: &mut dyn Tx, f: &dyn Fn(u32) -> u32| -> Result<(), StoreError> {
         let now = learned(tx.slots_in_use(&d.limit)?);
@@ -560,8 +853,14 @@ pub(crate) fn end_attempt(
     };
     match (end.result, end.failure) {
         (CallResult::Succeeded, _) => {
+            reached = match seeing {
+                Some(h) => [&d.failures, &d.ejections]
+                    .iter()
+                    .any(|row| h.seen(row).is_some_and(|n| n > 0)),
+                None => true,
+            };
             // A probe's success ends the ejection at once.
-            if tx.slots_in_use(&d.failures)? >= EJECT_AFTER_FAILURES {
+            if reached && tx.slots_in_use(&d.failures)? >= EJECT_AFTER_FAILURES {
                 let over = bucket::State {
                     balance_micro: 0,
                     updated_ms: now_ms,
@@ -569,7 +868,7 @@ pub(crate) fn end_attempt(
                 tx.set_bucket(&d.pause, over)?;
             }
             for row in [&d.failures, &d.ejections] {
-                if tx.slots_in_use(row)? > 0 {
+                if reached && tx.slots_in_use(row)? > 0 {
                     tx.set_slots_in_use(row, 0)?;
                 }
             }
@@ -577,6 +876,7 @@ pub(crate) fn end_attempt(
             // deployment full): one call more per limit's worth of such successes (a round
             // trip's, as TCP does). A limit that was not reached learns nothing.
             if adaptive {
+                let in_use = tx.slots_in_use(&d.slots)?;
                 set_limit(tx, &|l| {
                     let whole = (l / MILLI).max(1);
                     if in_use >= whole {
@@ -626,10 +926,16 @@ pub(crate) fn end_attempt(
                 d.pause(tx, now_ms, now_ms.saturating_add(cool))?;
             }
         }
-        (CallResult::Unknown, _) if adaptive => set_limit(tx, &backoff)?,
-        _ => {}
+        (CallResult::Unknown, _) if adaptive => {
+            reached = false;
+            set_limit(tx, &backoff)?
+        }
+        _ => reached = false,
     }
-    Ok(())
+    match seeing {
+        Some(h) if reached => d.remember(tx, h),
+        _ => Ok(()),
+    }
 }
 
 /// Multiplicative decrease, in thousandths.

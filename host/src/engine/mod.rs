@@ -33,7 +33,7 @@ pub use deployments::{Health, HealthState, ProviderLimits};
 pub use directory::{DirectoryApplied, DirectoryError, KeyInfo};
 pub use dispatch::{Claim, DispatchAnswer, DispatchReason};
 pub use housekeeping::{OperationsPage, Page, Sweep, MOST_PER_PAGE, SWEEP_ROWS};
-pub use leases::LeaseKeep;
+pub use leases::{LeaseKeep, HOLDER_LIFE_MS};
 pub use shadow::{Disagreement, OutcomePair, PlanShape, ShadowReport, RECENT_DISAGREEMENTS};
 pub use stored_policy::Adopted;
 pub use swap::{NoVerifier, PolicyIdentity, SwapError, Verifier};
@@ -425,7 +425,14 @@ impl<S: Store> Engine<S> {
                         record(tx, b)?;
                     }
                 }
-                let health = d.health(tx, now_ms)?;
+                let mut health = d.health(tx, now_ms)?;
+                // A slot free in a holder's lease is not in flight.
+                let free_in_leases = in_leases
+                    .get(&leases::slots_budget(&d.slots))
+                    .map_or(0, |held| held.unspent_micro / crate::bucket::MICRO);
+                health.in_flight = health
+                    .in_flight
+                    .saturating_sub(u32::try_from(free_in_leases).unwrap_or(u32::MAX));
                 slots.insert(d.slots.clone(), health.in_flight);
                 deployments.insert(names::deployment(model, &d.deployment.name), health);
             }

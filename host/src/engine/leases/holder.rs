@@ -7,7 +7,7 @@ use super::rows::{
     slots_budget, RowWrite, SharedRow,
 };
 use super::{is_shared_bucket, is_shared_scope};
-use crate::bucket::{Limits, Shortage};
+use crate::bucket::{self, Limits, Shortage};
 use crate::lease::{self, Lease, Shared, Slice};
 use crate::store::{Prefetch, StoreError, Tx};
 use std::collections::HashMap;
@@ -80,8 +80,14 @@ pub(crate) struct Holder {
     pub(super) live: AtomicU32,
     meters: Mutex<Meters>,
     /// Each shared row's level (micro-credits) when this holder last read it: what its
-    /// policy is shown while it leases, so that showing it takes no shared row's lock.
+    /// policy is shown while it leases, so that showing it takes no shared row's lock. Also
+    /// each deployment's pause (when it ends) and failure counts, read the same way.
     seen: Mutex<HashMap<String, i64>>,
+    /// What providers last said is left of a deployment's requests or tokens, in the
+    /// answers to this holder's own calls: kept here while it leases, so that learning it
+    /// takes no shared row's lock (each holder hears the provider's count of every holder's
+    /// calls in its own answers).
+    said: Mutex<HashMap<String, bucket::State>>,
 }
 
 impl Holder {
@@ -91,6 +97,7 @@ impl Holder {
             live: AtomicU32::new(1),
             meters: Mutex::new(Meters::default()),
             seen: Mutex::new(HashMap::new()),
+            said: Mutex::new(HashMap::new()),
         }
     }
 
@@ -111,12 +118,74 @@ impl Holder {
         lease_writes(&self.id, budget, lease, out)
     }
 
-    pub(super) fn saw(&self, budget: &str, level_micro: i64) {
+    pub fn saw(&self, budget: &str, level_micro: i64) {
         let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
         match seen.get_mut(budget) {
             Some(level) => *level = level_micro,
             None => {
                 seen.insert(budget.to_string(), level_micro);
+            }
+        }
+    }
+
+    /// What this holder last saw of row `key` (a level, a time or a count), if it read it.
+    pub fn seen(&self, key: &str) -> Option<i64> {
+        let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        seen.get(key).copied()
+    }
+
+    /// Records what a provider said is left of bucket `name` (of `limits`), lowered to
+    /// `said` until `updated_ms`; a word already lower stays.
+    pub fn heard(&self, name: &str, limits: Limits, said: bucket::State, now_ms: i64) {
+        let mut words = self.said.lock().unwrap_or_else(|e| e.into_inner());
+        let lower = match words.get(name) {
+            Some(s) => s.refilled(limits, now_ms).balance_micro > said.balance_micro,
+            None => true,
+        };
+        if lower {
+            words.insert(name.to_string(), said);
+        }
+    }
+
+    /// What the provider's last word leaves of bucket `name` now (`None`: none heard, or
+    /// it has refilled whole).
+    pub fn said_level(&self, name: &str, limits: Limits, now_ms: i64) -> Option<bucket::State> {
+        let mut words = self.said.lock().unwrap_or_else(|e| e.into_inner());
+        let level = words.get(name)?.refilled(limits, now_ms);
+        if level.balance_micro >= limits.capacity_micro {
+            words.remove(name);
+            return None;
+        }
+        Some(level)
+    }
+
+    /// Counts `credits` sent against the provider's last word on bucket `name`.
+    pub fn spend_said(&self, name: &str, limits: Limits, credits: u64, now_ms: i64) {
+        let mut words = self.said.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = words.get_mut(name) {
+            let level = s.refilled(limits, now_ms);
+            *s = bucket::State {
+                balance_micro: level
+                    .balance_micro
+                    .saturating_sub(credits_micro(credits))
+                    .max(0),
+                ..level
+            };
+        }
+    }
+
+    /// Names in `hint` the rows a reservation from `row` through this holder reaches: its
+    /// lease, and the shared row with what is leased of it only while it reserves from
+    /// them directly.
+    pub fn hint_budget(&self, row: SharedRow, hint: &mut Prefetch) {
+        let budget = row.budget();
+        hint.buckets.push(lease_row(&self.id, &budget));
+        hint.buckets.push(granted_row(&self.id, &budget));
+        if !self.leasing() {
+            hint.buckets.push(leased_row(&budget));
+            match row {
+                SharedRow::Bucket(b) => hint.buckets.push(b.name.clone()),
+                SharedRow::Slots(s) => hint.slots.push(s.scope.clone()),
             }
         }
     }

@@ -122,16 +122,26 @@ impl Holder {
         ))
     }
 
-    /// Refreshes what this holder's policy is shown of each shared row while it leases.
+    /// Refreshes what this holder's policy is shown of each shared row while it leases, and
+    /// what it reads as last seen of deployments' pauses (`pauses`, bucket rows: when each
+    /// ends) and failure counts (`counts`, slot rows).
     pub fn look(
         &self,
         tx: &mut dyn Tx,
         budgets: &[SharedRow],
+        pauses: &[String],
+        counts: &[String],
         now_ms: i64,
     ) -> Result<(), StoreError> {
         for row in budgets {
             let level = row.read(tx, now_ms)?.refilled(row.limits(), now_ms);
             self.saw(&row.budget(), level.bucket.balance_micro);
+        }
+        for pause in pauses {
+            self.saw(pause, tx.bucket(pause)?.map_or(0, |s| s.updated_ms));
+        }
+        for count in counts {
+            self.saw(count, i64::from(tx.slots_in_use(count)?));
         }
         Ok(())
     }
@@ -240,17 +250,40 @@ impl<S: crate::store::Store> crate::engine::Engine<S> {
     }
 
     /// Every budget tenants share in the configuration: the global request bucket, the
-    /// models' and the groups' budgets, and the global slots.
+    /// models' and the groups' budgets, the global slots, and each deployment's configured
+    /// buckets and concurrency; with the deployments' rows a holder reads as last seen.
     fn shared_budgets(&self) -> SharedBudgets {
         use crate::engine::budgets::Budgets;
+        use crate::engine::deployments::{DeploymentBudgets, UNLIMITED_SLOTS};
         let config = self.config();
-        let mut buckets = vec![Budgets::global_requests(&config)];
-        buckets.extend(Budgets::of_models(&config));
-        buckets.extend(Budgets::of_groups(&config));
-        SharedBudgets {
-            buckets,
-            slots: Budgets::global_slots(&config),
+        let mut shared = SharedBudgets {
+            buckets: vec![Budgets::global_requests(&config)],
+            slots: vec![Budgets::global_slots(&config)],
+            ..SharedBudgets::default()
+        };
+        shared.buckets.extend(Budgets::of_models(&config));
+        shared.buckets.extend(Budgets::of_groups(&config));
+        for model in config.routing.keys() {
+            for d in DeploymentBudgets::of(&config, model) {
+                shared.buckets.extend(d.leased_buckets().map(|b| BucketRef {
+                    name: b.name.clone(),
+                    limits: b.limits,
+                }));
+                match d.leased_slots() {
+                    Some(s) => shared.slots.push(s),
+                    // An adaptive count is not leased; a lease left from when it was not
+                    // adaptive is still given back.
+                    None => shared.unseen.push(SlotRef {
+                        scope: d.slots.clone(),
+                        limit: UNLIMITED_SLOTS,
+                    }),
+                }
+                let (pause, counts) = d.seen_rows();
+                shared.pauses.push(pause.to_string());
+                shared.counts.extend(counts.iter().map(|c| c.to_string()));
+            }
         }
+        shared
     }
 
     /// What is in leases of each shared budget now, for `inspect` (none listed when no
@@ -307,20 +340,27 @@ impl<S: crate::store::Store> crate::engine::Engine<S> {
             self.transaction(|tx| holder.relist(tx, now_ms))?;
         }
         if holder.leasing() {
-            // What the policy is shown of the shared rows, read without their locks' wait:
-            // a batch of its own that names them, at most twice a second.
+            // What the policy is shown of the shared rows, and the deployments' rows read as
+            // last seen, read without their locks' wait: a batch of its own that names
+            // them, at most twice a second.
+            let seen = shared.seen_rows();
             let look = Prefetch {
                 buckets: shared
                     .buckets
                     .iter()
                     .map(|b| b.name.clone())
-                    .chain(rows.iter().map(|r| leased_row(&r.budget())))
+                    .chain(seen.iter().map(|r| leased_row(&r.budget())))
+                    .chain(shared.pauses.iter().cloned())
                     .collect(),
-                slots: vec![shared.slots.scope.clone()],
+                slots: (shared.slots.iter().map(|s| s.scope.clone()))
+                    .chain(shared.counts.iter().cloned())
+                    .collect(),
                 complete: true,
                 ..Prefetch::default()
             };
-            self.named(&look, |tx| holder.look(tx, &rows, now_ms))?;
+            self.named(&look, |tx| {
+                holder.look(tx, &seen, &shared.pauses, &shared.counts, now_ms)
+            })?;
         }
         Ok(Some(kept))
     }
@@ -349,18 +389,29 @@ pub(in crate::engine) struct InLeases {
 }
 
 /// The budgets tenants share, as configured now.
+#[derive(Default)]
 struct SharedBudgets {
     buckets: Vec<BucketRef>,
-    slots: SlotRef,
+    slots: Vec<SlotRef>,
+    /// Slot counts no holder leases now, whose old leases still go back.
+    unseen: Vec<SlotRef>,
+    /// Deployments' pause rows and failure counts, read as last seen while leasing.
+    pauses: Vec<String>,
+    counts: Vec<String>,
 }
 
 impl SharedBudgets {
-    /// Each of them as leases see it.
-    fn rows(&self) -> Vec<SharedRow<'_>> {
-        self.buckets
-            .iter()
-            .map(SharedRow::Bucket)
-            .chain([SharedRow::Slots(&self.slots)])
+    /// Each budget leased now, as leases see it.
+    fn seen_rows(&self) -> Vec<SharedRow<'_>> {
+        (self.buckets.iter().map(SharedRow::Bucket))
+            .chain(self.slots.iter().map(SharedRow::Slots))
             .collect()
+    }
+
+    /// Each budget with leases to keep: those leased now, and those whose old leases go back.
+    fn rows(&self) -> Vec<SharedRow<'_>> {
+        let mut rows = self.seen_rows();
+        rows.extend(self.unseen.iter().map(SharedRow::Slots));
+        rows
     }
 }
