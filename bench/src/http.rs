@@ -113,9 +113,16 @@ impl MachineTicks {
     }
 }
 
+/// The gateway model the timed admissions name when the benchmark routes them to
+/// deployments (`--deployments N`).
+const ROUTED_MODEL: &str = "routed";
+
 /// The service's configuration for the HTTP benchmark: `tenants` tenants, caller key
-/// `key-N` for tenant N, limits high enough that every admission is accepted.
-fn http_config(tenants: u32) -> serde_json::Value {
+/// `key-N` for tenant N, limits high enough that every admission is accepted; and, with
+/// `deployments` above 0, gateway model [`ROUTED_MODEL`] with that many deployments, each
+/// with request and token budgets and a concurrency limit that never bind, so that every
+/// admission reserves one deployment's budgets and a slot of it.
+fn http_config(tenants: u32, deployments: usize) -> serde_json::Value {
     let mut config = admit_config_json(tenants);
     let callers: serde_json::Map<String, serde_json::Value> = (0..tenants)
         .map(|t| (format!("key-{t}"), serde_json::json!(format!("t{t:05}"))))
@@ -124,6 +131,22 @@ fn http_config(tenants: u32) -> serde_json::Value {
     config["models"] = serde_json::json!({
         PROBE_MODEL: {"requests": {"capacity": PROBE_LIMIT, "refill_per_s": 0}}
     });
+    if deployments > 0 {
+        let each: Vec<serde_json::Value> = (0..deployments)
+            .map(|d| {
+                serde_json::json!({
+                    "name": format!("d{d}"), "upstream": "upstream",
+                    "requests": {"capacity": 1e9, "refill_per_s": 1e9},
+                    "tokens": {"capacity": 1e12, "refill_per_s": 1e12},
+                    "max_concurrency": 100_000_000,
+                })
+            })
+            .collect();
+        config["gateway"] = serde_json::json!({
+            "upstreams": {"upstream": {"base_url": "http://127.0.0.1:9/v1"}},
+            "models": {ROUTED_MODEL: {"deployments": each}},
+        });
+    }
     config
 }
 
@@ -251,7 +274,8 @@ pub fn http(
     if let Some(n) = servers.instances_ahead {
         extra.extend(["--policy-instances-ahead".to_string(), n.to_string()]);
     }
-    let (server, addr) = start_serve_with(serve, dir, &http_config(tenants), &extra)?;
+    let config = http_config(tenants, servers.deployments);
+    let (server, addr) = start_serve_with(serve, dir, &config, &extra)?;
     let pid = server.0.id();
     // A thread takes its name when it first runs, which may come after the server listens.
     let writer_before = (0..50).find_map(|_| {
@@ -262,7 +286,7 @@ pub fn http(
         ticks
     });
     let cpu_before = (cpu_ticks(pid, None), writer_before);
-    let mut figures = load(&[addr], tenants, connections, requests)?;
+    let mut figures = load(&[addr], tenants, connections, requests, servers.routed())?;
     let per_admission = |n: u64| n as f64 / figures.requests.max(1) as f64;
     figures.written_bytes_per_admission = written_bytes(pid).map(per_admission);
     let us_per_tick = 1e6 / USER_HZ;
@@ -328,6 +352,15 @@ pub struct Servers {
     /// Fresh instances each writer's policy keeps made ahead (`serve
     /// --policy-instances-ahead`); `None`: serve's default.
     pub instances_ahead: Option<usize>,
+    /// Deployments the timed admissions are routed to (0: none, no model named).
+    pub deployments: usize,
+}
+
+impl Servers {
+    /// The model the timed admissions name.
+    fn routed(&self) -> Option<&'static str> {
+        (self.deployments > 0).then_some(ROUTED_MODEL)
+    }
 }
 
 /// As [`http`], with servers in this process sharing the PostgreSQL store at `url` (in a
@@ -337,16 +370,19 @@ pub fn http_postgres(
     tenants: u32,
     connections: usize,
     requests: u64,
-    Servers {
+    wanted: Servers,
+) -> Result<HttpFigures, String> {
+    let Servers {
         replicas,
         writers,
         instances_ahead,
-    }: Servers,
-) -> Result<HttpFigures, String> {
+        deployments,
+    } = wanted;
     use tollgate::config::ConfigFile;
     use tollgate::store::{AnyStore, PgStore};
     use tollgate_cli::server;
-    let config = ConfigFile::from_json(&http_config(tenants)).map_err(|e| e.to_string())?;
+    let config =
+        ConfigFile::from_json(&http_config(tenants, deployments)).map_err(|e| e.to_string())?;
     let schema = format!("tollgate_bench_{}", std::process::id());
     let mut servers = Vec::new();
     for r in 0..replicas.max(1) {
@@ -385,10 +421,11 @@ pub fn http_postgres(
             let _ = stopped.await;
         })));
     }
-    let figures = load(&addrs, tenants, connections, requests).and_then(|mut f| {
-        f.shared_budget = Some(probe(&addrs, tenants, connections)?);
-        Ok(f)
-    });
+    let figures =
+        load(&addrs, tenants, connections, requests, wanted.routed()).and_then(|mut f| {
+            f.shared_budget = Some(probe(&addrs, tenants, connections)?);
+            Ok(f)
+        });
     for stop in stops {
         let _ = stop.send(());
     }
@@ -407,6 +444,7 @@ fn load(
     tenants: u32,
     connections: usize,
     requests: u64,
+    model: Option<&'static str>,
 ) -> Result<HttpFigures, String> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -416,7 +454,7 @@ fn load(
     rt.block_on(async {
         let machine_before = MachineTicks::read();
         let started = Instant::now();
-        let mut tasks = drivers(addrs, tenants, connections.max(1), per_connection, None);
+        let mut tasks = drivers(addrs, tenants, connections.max(1), per_connection, model);
         let mut latencies = Vec::with_capacity(requests as usize);
         let mut errors = 0;
         while let Some(done) = tasks.join_next().await {

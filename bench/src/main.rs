@@ -74,6 +74,10 @@ enum BenchCommand {
         /// --policy-instances-ahead`); default: serve's.
         #[arg(long)]
         policy_instances_ahead: Option<usize>,
+        /// Route the timed admissions to a gateway model with this many deployments, each
+        /// with budgets and a concurrency limit that never bind (0: no model named).
+        #[arg(long, default_value_t = 0)]
+        deployments: usize,
         /// Milliseconds added to each round trip between the replicas and PostgreSQL, by a
         /// delaying TCP proxy (half each way): a real network's latency on one machine.
         #[arg(long)]
@@ -161,6 +165,7 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             replicas,
             writers,
             policy_instances_ahead,
+            deployments,
             db_latency_ms,
             json,
             tollgate,
@@ -169,6 +174,7 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
                 replicas,
                 writers,
                 instances_ahead: policy_instances_ahead,
+                deployments,
             };
             let dir = tempfile_dir()?;
             // The proxy lives as long as the run.
