@@ -142,6 +142,7 @@ fn http_config(tenants: u32, deployments: usize) -> serde_json::Value {
                 })
             })
             .collect();
+        config["models"][ROUTED_MODEL] = serde_json::json!({});
         config["gateway"] = serde_json::json!({
             "upstreams": {"upstream": {"base_url": "http://127.0.0.1:9/v1"}},
             "models": {ROUTED_MODEL: {"deployments": each}},

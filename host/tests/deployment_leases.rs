@@ -213,3 +213,100 @@ fn each_holder_keeps_what_the_provider_said_in_its_own_answers() {
     let after: Vec<String> = (300..360).filter_map(|n| admit(&a, n, 2_100)).collect();
     assert!(after.iter().any(|d| d == "a"), "{after:?}");
 }
+
+/// One step of a random run over two holders.
+#[derive(Clone, Debug)]
+enum Step {
+    /// Holder 0 or 1 admits a call.
+    Admit(usize),
+    /// The oldest call in flight completes through holder 0 or 1.
+    Complete(usize),
+    /// Time passes (ms), and the live holders renew.
+    Wait(i64),
+    /// Holder 1 dies: it never renews, admits or completes again.
+    Kill,
+}
+
+fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+    use proptest::prelude::*;
+    prop_oneof![
+        6 => (0..2usize).prop_map(Step::Admit),
+        3 => (0..2usize).prop_map(Step::Complete),
+        1 => (1..1_500i64).prop_map(Step::Wait),
+        1 => Just(Step::Kill),
+    ]
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(40))]
+
+    /// Whatever the holders do, and whenever one dies: no deployment ever has more calls in
+    /// flight than its concurrency, or is sent more than its request budget; and a lease's
+    /// life after the last holder's last step, every lease is back and every credit counted.
+    #[test]
+    fn random_holders_never_overshoot_a_deployment_and_every_lease_returns(
+        requests in 5u64..60,
+        in_flight in 1u32..15,
+        steps in proptest::collection::vec(step(), 20..160),
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = two_holders(
+            config(
+                json!({"requests": {"capacity": requests, "refill_per_s": 0},
+                       "max_concurrency": in_flight}),
+                json!({"weight": 0, "max_concurrency": 1}),
+            ),
+            dir.path(),
+        );
+        let mut holders = [Some(a), Some(b)];
+        let mut now = 10i64;
+        let mut flying: std::collections::VecDeque<(usize, String)> = Default::default();
+        let mut sent_to_a = 0u64;
+        for (n, s) in steps.into_iter().enumerate() {
+            now += 1;
+            match s {
+                Step::Admit(h) => {
+                    let Some(e) = &holders[h] else { continue };
+                    if let Some(d) = admit(e, n, now) {
+                        sent_to_a += u64::from(d == "a");
+                        flying.push_back((n, d));
+                    }
+                }
+                Step::Complete(h) => {
+                    let Some(e) = holders[h].as_ref().or(holders[0].as_ref()) else { continue };
+                    if let Some((k, _)) = flying.pop_front() {
+                        complete(e, k, now, |_| {});
+                    }
+                }
+                Step::Wait(ms) => {
+                    now += ms;
+                    for e in holders.iter().flatten() {
+                        e.keep_leases(now).unwrap();
+                    }
+                }
+                Step::Kill => holders[1] = None,
+            }
+            let on = |d: &str| flying.iter().filter(|(_, to)| to == d).count() as u32;
+            proptest::prop_assert!(on("a") <= in_flight, "{} in flight on a", on("a"));
+            proptest::prop_assert!(on("b") <= 1, "{} in flight on b", on("b"));
+            proptest::prop_assert!(sent_to_a <= requests, "{sent_to_a} sent to a of {requests}");
+        }
+        let a = holders[0].as_ref().unwrap();
+        for (k, _) in flying.drain(..) {
+            complete(a, k, now, |_| {});
+        }
+        let later = now + tollgate::engine::HOLDER_LIFE_MS + tollgate::lease::LIFE_MS + 1;
+        for e in holders.iter().flatten() {
+            e.keep_leases(later).unwrap();
+        }
+        a.keep_leases(later + tollgate::engine::HOLDER_LIFE_MS + 1).unwrap();
+        let seen = a.inspect(later).unwrap();
+        proptest::prop_assert!(seen.leased.is_empty(), "still leased: {:?}", seen.leased);
+        proptest::prop_assert_eq!(seen.slots["deployment.m.a.slots"], 0);
+        proptest::prop_assert_eq!(seen.slots["deployment.m.b.slots"], 0);
+        proptest::prop_assert_eq!(
+            seen.buckets["deployment.m.a.requests"] as u64 + sent_to_a,
+            requests
+        );
+    }
+}
