@@ -489,3 +489,46 @@ fn a_metrics_address_serves_every_series_without_a_key() {
         "the metrics listener does not hold the shutdown"
     );
 }
+
+/// The value of the series named `name` (without labels) in a metrics text.
+fn series(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// `/metrics` shows the fresh policy instances made ahead over every shard, and the calls
+/// that found theirs ready; both stay 0 when none are made ahead.
+#[test]
+fn instances_made_ahead_and_calls_that_found_them_show_in_metrics() {
+    for (ahead, made) in [("4", true), ("0", false)] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut roomy = config();
+        roomy["global"]["concurrency"] = json!(100);
+        let s = Server::start_with(
+            dir.path(),
+            &roomy,
+            &["--policy-instances-ahead", ahead, "--writers", "2"],
+        );
+        for n in 0..12 {
+            let (status, _, answer) = s.admit(CALLER, request(&format!("m{n}"), "interactive", 5));
+            assert_eq!(status, 200, "{answer}");
+        }
+        let started = Instant::now();
+        let (ready, found) = loop {
+            let (_, _, text) = s.call("GET", "/metrics", None, None);
+            let text = text.as_str().unwrap_or_default().to_string();
+            let ready = series(&text, "tollgate_policy_instances_ready").expect("the series");
+            let found = series(&text, "tollgate_policy_calls_found_ready").expect("the series");
+            if !made || (ready > 0.0 && found > 0.0) || started.elapsed() > Duration::from_secs(10)
+            {
+                break (ready, found);
+            }
+            std::thread::sleep(Duration::from_millis(300));
+        };
+        if made {
+            assert!(ready > 0.0 && found > 0.0, "ready {ready}, found {found}");
+        } else {
+            assert_eq!((ready, found), (0.0, 0.0));
+        }
+    }
+}

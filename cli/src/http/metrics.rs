@@ -50,6 +50,11 @@ pub struct Metrics {
     pub shadow: GaugeVec,
     /// Policy `log` lines dropped over the per-call bound.
     pub log_lines_dropped: IntGauge,
+    /// Fresh policy instances made ahead and ready now, over every writer shard.
+    pub instances_ready: IntGauge,
+    /// Policy calls that found their instance made ahead, since the active policy was
+    /// loaded, over every writer shard.
+    pub calls_found_ready: IntGauge,
     /// Operations `unknown` now, awaiting reconciliation.
     pub unknown_operations: IntGauge,
     /// Budget alerts in the outbox not yet acknowledged by their webhook.
@@ -75,11 +80,11 @@ impl Metrics {
             "HTTP answers by status",
             &["status"],
         );
-        let connections = IntGauge::new(
+        let int_gauge = |name: &str, help: &str| IntGauge::new(name, help).expect("a valid gauge");
+        let connections = int_gauge(
             "tollgate_http_connections",
             "HTTP connections open (at most limits.max_connections)",
-        )
-        .expect("a valid gauge");
+        );
         let policy = gauges(
             "tollgate_policy_info",
             "The active policy (value 1)",
@@ -179,21 +184,26 @@ impl Metrics {
             "Live admissions the shadow policy was asked about, by the active and the shadow answer",
             &["active", "shadow"],
         );
-        let log_lines_dropped = IntGauge::new(
+        let log_lines_dropped = int_gauge(
             "tollgate_policy_log_lines_dropped",
             "Policy log lines dropped over the per-call bound",
-        )
-        .expect("a valid gauge");
-        let unknown_operations = IntGauge::new(
+        );
+        let instances_ready = int_gauge(
+            "tollgate_policy_instances_ready",
+            "Fresh policy instances made ahead and ready now (serve --policy-instances-ahead)",
+        );
+        let calls_found_ready = int_gauge(
+            "tollgate_policy_calls_found_ready",
+            "Policy calls that found their instance made ahead, since the active policy was loaded",
+        );
+        let unknown_operations = int_gauge(
             "tollgate_operations_unknown",
             "Operations whose outcome is unknown, awaiting reconciliation (their slots held)",
-        )
-        .expect("a valid gauge");
-        let alerts_pending = IntGauge::new(
+        );
+        let alerts_pending = int_gauge(
             "tollgate_alerts_pending",
             "Budget alerts written and not yet acknowledged by their webhook",
-        )
-        .expect("a valid gauge");
+        );
         let abandoned = prometheus::IntCounter::new(
             "tollgate_abandoned_calls_total",
             "Calls active for longer than limits.max_call_ms, made unknown",
@@ -218,6 +228,8 @@ impl Metrics {
             Box::new(retention_deleted.clone()),
             Box::new(shadow.clone()),
             Box::new(log_lines_dropped.clone()),
+            Box::new(instances_ready.clone()),
+            Box::new(calls_found_ready.clone()),
             Box::new(gateway_calls.clone()),
             Box::new(gateway_upstream_seconds.clone()),
             Box::new(gateway_ttft_seconds.clone()),
@@ -265,6 +277,8 @@ impl Metrics {
             gateway_completions_kept,
             shadow,
             log_lines_dropped,
+            instances_ready,
+            calls_found_ready,
             unknown_operations,
             alerts_pending,
             abandoned,

@@ -375,6 +375,14 @@ pub(super) async fn refresh_levels(s: &AppState) -> Result<(), Refusal> {
     s.metrics
         .log_lines_dropped
         .set(tollgate::runtime::log_lines_dropped() as i64);
+    let (ready, found) = s
+        .engines
+        .iter()
+        .map(|e| e.active_policy().instances_ahead())
+        .fold((0u64, 0u64), |(r, f), (a, b)| (r + a, f + b));
+    let gauge = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+    s.metrics.instances_ready.set(gauge(ready));
+    s.metrics.calls_found_ready.set(gauge(found));
     // Another replica may have swapped it since this one did.
     set_policy_gauge(&s.engine, &s.metrics);
     if let Some(report) = s.engine.shadow_report() {

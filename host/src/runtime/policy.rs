@@ -73,6 +73,11 @@ pub trait Decider: Send + Sync {
     ) -> Result<RetryDecision, PolicyFault>;
     /// Checks its own parameters; `Err` refuses activation.
     fn self_check(&self, view: DecisionView) -> Result<Result<(), String>, PolicyFault>;
+    /// Fresh instances made ahead and ready now, and the calls that found theirs ready
+    /// since it was loaded (both 0 for what makes none ahead).
+    fn instances_ahead(&self) -> (u64, u64) {
+        (0, 0)
+    }
 }
 
 impl Decider for LoadedPolicy {
@@ -104,6 +109,9 @@ impl Decider for LoadedPolicy {
     }
     fn self_check(&self, view: DecisionView) -> Result<Result<(), String>, PolicyFault> {
         LoadedPolicy::self_check(self, view)
+    }
+    fn instances_ahead(&self) -> (u64, u64) {
+        LoadedPolicy::instances_ahead(self)
     }
 }
 
