@@ -86,6 +86,19 @@ fn inspect(base: &str) -> Value {
     serde_json::from_str(&text).unwrap()
 }
 
+/// `inspect` of `base` once every lease is back: a lease lives 2 s past its last use, and
+/// the sweep runs twice a second.
+fn inspect_once_leases_are_back(base: &str) -> Value {
+    std::thread::sleep(Duration::from_millis(3_500));
+    let view = inspect(base);
+    assert!(
+        view.get("leased").is_none(),
+        "still leased: {}",
+        view["leased"]
+    );
+    view
+}
+
 /// Admissions from every caller, spread over `bases`, `per_caller` each; how many were
 /// accepted (200).
 fn load(bases: &[String], per_caller: usize, round: &str) -> usize {
@@ -143,14 +156,7 @@ fn replicas_leasing_a_budget_never_overshoot_it_and_a_killed_one_loses_nothing()
         first + second
     );
 
-    // A lease lives 2 s past its last use; the sweep runs twice a second.
-    std::thread::sleep(Duration::from_millis(3_500));
-    let view = inspect(&bases[1]);
-    assert!(
-        view.get("leased").is_none(),
-        "still leased: {}",
-        view["leased"]
-    );
+    let view = inspect_once_leases_are_back(&bases[1]);
     let left = view["buckets"]["global.requests"].as_u64().unwrap();
     assert_eq!(
         left + (first + second) as u64,
@@ -198,13 +204,7 @@ fn replicas_leasing_deployments_never_send_one_more_than_it_can_take_and_lose_no
     );
 
     // Once every lease is back, each call is counted once, on the deployment it went to.
-    std::thread::sleep(Duration::from_millis(3_500));
-    let view = inspect(&bases[1]);
-    assert!(
-        view.get("leased").is_none(),
-        "still leased: {}",
-        view["leased"]
-    );
+    let view = inspect_once_leases_are_back(&bases[1]);
     let sent = |d: usize, name: &str| {
         let left = view["buckets"][format!("deployment.m.{name}.requests")]
             .as_u64()

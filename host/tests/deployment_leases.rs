@@ -83,6 +83,13 @@ fn admit(engine: &Engine<SqliteStore>, n: usize, now: i64) -> Option<String> {
     (d.outcome == Outcome::Accepted).then(|| d.deployment.expect("a deployment"))
 }
 
+/// The first of calls 0.. that `engine` sends to deployment a (at time 10).
+fn first_to_a(engine: &Engine<SqliteStore>) -> usize {
+    (0..100)
+        .find(|&n| admit(engine, n, 10).as_deref() == Some("a"))
+        .expect("a call drawn to a")
+}
+
 fn complete(engine: &Engine<SqliteStore>, n: usize, now: i64, f: impl FnOnce(&mut Completion)) {
     let mut c = Completion::succeeded(&format!("t{}", n % TENANTS), &format!("k{n}"));
     f(&mut c);
@@ -162,9 +169,7 @@ fn two_holders_never_send_a_deployment_more_than_it_can_take_and_a_dead_one_lose
 fn a_pause_written_by_one_holder_is_seen_by_the_other_once_it_renews() {
     let dir = tempfile::tempdir().unwrap();
     let (a, b) = two_holders(config(json!({}), json!({})), dir.path());
-    let n = (0..100)
-        .find(|&n| admit(&a, n, 10).as_deref() == Some("a"))
-        .expect("a call drawn to a");
+    let n = first_to_a(&a);
     complete(&a, n, 20, |c| {
         c.result = CallResult::Failed;
         c.failure = Some("rate_limited".into());
@@ -192,9 +197,7 @@ fn a_pause_written_by_one_holder_is_seen_by_the_other_once_it_renews() {
 fn each_holder_keeps_what_the_provider_said_in_its_own_answers() {
     let dir = tempfile::tempdir().unwrap();
     let (a, b) = two_holders(config(json!({}), json!({})), dir.path());
-    let n = (0..100)
-        .find(|&n| admit(&a, n, 10).as_deref() == Some("a"))
-        .expect("a call drawn to a");
+    let n = first_to_a(&a);
     complete(&a, n, 20, |c| {
         c.provider_limits = Some(ProviderLimits {
             remaining_requests: Some(0),

@@ -164,7 +164,7 @@ impl<S: Store> Engine<S> {
         let deployment = match deployment {
             Some(chosen) => {
                 let name = chosen.name.clone();
-                let holder = self.holder().map(|h| &**h);
+                let holder = self.holding();
                 chosen.apply(tx, holder, &self.config().alerts, now_ms)?;
                 Some(name)
             }
@@ -394,7 +394,7 @@ impl<S: Store> Engine<S> {
                 busy_retry_after_ms: busy,
                 draw: deployments::draw(config.seed, &req.tenant, &req.key, guest_req.attempt),
             };
-            let holder = self.holder().map(|h| &**h);
+            let holder = self.holding();
             match deployments::choose(tx, &config, model, now_ms, &ask, holder)? {
                 Ok(chosen) => planned.deployment = Some(chosen),
                 Err(refusal) => {
@@ -460,7 +460,7 @@ impl<S: Store> Engine<S> {
             let Ok(reservation) = budgets.check(tx, now_ms, &needs)? else {
                 continue;
             };
-            let holder = self.holder().map(|h| &**h);
+            let holder = self.holding();
             if let Ok(chosen) = deployments::choose(tx, &config, f, now_ms, &ask, holder)? {
                 return Ok(Some((reservation, chosen, cost)));
             }

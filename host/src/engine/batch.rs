@@ -372,7 +372,7 @@ impl<S: Store> Engine<S> {
         routed.dedup();
         for model in routed {
             for d in super::deployments::DeploymentBudgets::of(&config, model) {
-                d.hint(self.holder().map(|h| &**h), &mut hint);
+                d.hint(self.holding(), &mut hint);
             }
             // A fallback reserves its own model's buckets.
             if let Some(m) = config.model(model) {

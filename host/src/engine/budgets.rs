@@ -12,6 +12,7 @@ use crate::store::{StoreError, Tx};
 use std::sync::Arc;
 
 /// A named bucket and its configured limits.
+#[derive(Clone)]
 pub(crate) struct BucketRef {
     pub name: String,
     pub limits: Limits,

@@ -4,7 +4,6 @@
 
 use super::budgets::{release_shared_slot, release_slot, Budgets};
 use super::deployments::{self, AttemptEnd, DeploymentBudgets, ProviderLimits};
-use super::leases::SharedRow;
 use super::Engine;
 use crate::model::{names, CallResult, OpState, Operation, RetryVerdict, Route, Usage};
 use crate::runtime::{self, Decider, Failure, GiveUpReason, RetryDecision};
@@ -307,7 +306,7 @@ impl<S: Store> Engine<S> {
                 provider_retry_after_ms: c.provider_retry_after_ms,
                 limits: c.provider_limits.as_ref(),
             };
-            let holder = self.holder().map(|h| &**h);
+            let holder = self.holding();
             deployments::end_attempt(tx, &self.config(), model, name, now_ms, &end, holder)?;
         }
         match c.result {
@@ -445,7 +444,7 @@ impl<S: Store> Engine<S> {
         }
         if op.holds_slot {
             let global = Budgets::global_slots(&self.config());
-            release_shared_slot(tx, self.holder().map(|h| &**h), &global, now_ms)?;
+            release_shared_slot(tx, self.holding(), &global, now_ms)?;
             op.holds_slot = false;
         }
         if op.holds_tenant_slot {
@@ -454,17 +453,10 @@ impl<S: Store> Engine<S> {
         }
         if op.holds_deployment_slot {
             if let (Some(model), Some(name)) = (&op.model, &op.deployment) {
-                let config = self.config();
-                let leased = config
-                    .routing
-                    .get(model)
-                    .and_then(|r| r.deployments.iter().find(|d| &d.name == name))
-                    .and_then(|d| DeploymentBudgets::new(model, d).leased_slots());
-                match (self.holder(), leased) {
-                    (Some(h), Some(slots)) => {
-                        release_shared_slot(tx, Some(&**h), &slots, now_ms)?;
-                    }
-                    _ => release_slot(tx, &names::deployment_slots(model, name))?,
+                match DeploymentBudgets::find(&self.config(), model, name) {
+                    Some(d) => d.release_slot(tx, self.holding(), now_ms)?,
+                    // Configured away since: its row alone.
+                    None => release_slot(tx, &names::deployment_slots(model, name))?,
                 }
             }
             op.holds_deployment_slot = false;
@@ -487,18 +479,8 @@ impl<S: Store> Engine<S> {
                 let unused_cost = reserved_cost.saturating_sub(cost_used);
                 budgets.refund(tx, unused, unused_cost, now_ms)?;
                 if let (Some(model), Some(name), true) = (&op.model, &op.deployment, unused > 0) {
-                    let config = self.config();
-                    let configured = config.routing.get(model).and_then(|r| {
-                        r.deployments
-                            .iter()
-                            .find(|d| &d.name == name && d.tokens.is_some())
-                    });
-                    if let Some(d) = configured {
-                        let tokens = DeploymentBudgets::new(model, d).tokens;
-                        match self.holder() {
-                            Some(h) => h.refund(tx, SharedRow::Bucket(&tokens), unused, now_ms)?,
-                            None => tokens.refund(tx, unused, now_ms)?,
-                        }
+                    if let Some(d) = DeploymentBudgets::find(&self.config(), model, name) {
+                        d.refund_tokens(tx, self.holding(), unused, now_ms)?;
                     }
                 }
             }

@@ -387,13 +387,17 @@ impl<S: Store> Engine<S> {
         let mut queues = BTreeMap::new();
         let mut queue_age_ms = BTreeMap::new();
         record(tx, &Budgets::global_requests(&self.config()))?;
-        let free_in_leases = in_leases
-            .get(&leases::slots_budget(names::GLOBAL_SLOTS))
-            .map_or(0, |held| held.unspent_micro / crate::bucket::MICRO);
+        // A slot free in a holder's lease is not in use.
+        let in_use = |scope: &str, counted: u32| {
+            let free_in_leases = in_leases
+                .get(&leases::slots_budget(scope))
+                .map_or(0, |held| held.unspent_micro / crate::bucket::MICRO);
+            counted.saturating_sub(u32::try_from(free_in_leases).unwrap_or(u32::MAX))
+        };
+        let global = tx.slots_in_use(names::GLOBAL_SLOTS)?;
         slots.insert(
             names::GLOBAL_SLOTS.to_string(),
-            tx.slots_in_use(names::GLOBAL_SLOTS)?
-                .saturating_sub(u32::try_from(free_in_leases).unwrap_or(u32::MAX)),
+            in_use(names::GLOBAL_SLOTS, global),
         );
         for b in Budgets::of_models(&self.config()) {
             record(tx, &b)?;
@@ -426,13 +430,7 @@ impl<S: Store> Engine<S> {
                     }
                 }
                 let mut health = d.health(tx, now_ms)?;
-                // A slot free in a holder's lease is not in flight.
-                let free_in_leases = in_leases
-                    .get(&leases::slots_budget(&d.slots))
-                    .map_or(0, |held| held.unspent_micro / crate::bucket::MICRO);
-                health.in_flight = health
-                    .in_flight
-                    .saturating_sub(u32::try_from(free_in_leases).unwrap_or(u32::MAX));
+                health.in_flight = in_use(&d.slots, health.in_flight);
                 slots.insert(d.slots.clone(), health.in_flight);
                 deployments.insert(names::deployment(model, &d.deployment.name), health);
             }

@@ -96,16 +96,15 @@ pub(crate) fn end_attempt(
     holder: Option<&Holder>,
 ) -> Result<(), StoreError> {
     use crate::model::CallResult;
-    let Some(d) = config
-        .routing
-        .get(model)
-        .and_then(|r| r.deployments.iter().find(|d| d.name == name))
-    else {
+    let Some(d) = DeploymentBudgets::find(config, model, name) else {
         // Configured away since: nothing to learn.
         return Ok(());
     };
     let can_eject = can_move(config.routing.get(model));
-    let d = DeploymentBudgets::new(model, d);
+    // Until when the provider's retry-after pauses the deployment, if it gave one.
+    let retry_after = end
+        .provider_retry_after_ms
+        .map(|ms| now_ms.saturating_add(ms.min(EJECT_MAX_MS as u64) as i64));
     let seeing = seeing(holder);
     if let Some(l) = end.limits {
         d.learn(tx, now_ms, l, holder)?;
@@ -129,17 +128,19 @@ pub(crate) fn end_attempt(
                     .any(|row| h.seen(row).is_some_and(|n| n > 0)),
                 None => true,
             };
-            // A probe's success ends the ejection at once.
-            if reached && tx.slots_in_use(&d.failures)? >= EJECT_AFTER_FAILURES {
-                let over = bucket::State {
-                    balance_micro: 0,
-                    updated_ms: now_ms,
-                };
-                tx.set_bucket(&d.pause, over)?;
-            }
-            for row in [&d.failures, &d.ejections] {
-                if reached && tx.slots_in_use(row)? > 0 {
-                    tx.set_slots_in_use(row, 0)?;
+            if reached {
+                // A probe's success ends the ejection at once.
+                if tx.slots_in_use(&d.failures)? >= EJECT_AFTER_FAILURES {
+                    let over = bucket::State {
+                        balance_micro: 0,
+                        updated_ms: now_ms,
+                    };
+                    tx.set_bucket(&d.pause, over)?;
+                }
+                for row in [&d.failures, &d.ejections] {
+                    if tx.slots_in_use(row)? > 0 {
+                        tx.set_slots_in_use(row, 0)?;
+                    }
                 }
             }
             // Additive increase while the limit was reached (the call ends with the
@@ -158,10 +159,8 @@ pub(crate) fn end_attempt(
             }
         }
         (CallResult::Failed, Some("rate_limited")) => {
-            let pause = end
-                .provider_retry_after_ms
-                .map_or(DEFAULT_PAUSE_MS, |ms| ms.min(EJECT_MAX_MS as u64) as i64);
-            d.pause(tx, now_ms, now_ms.saturating_add(pause))?;
+            let until = retry_after.unwrap_or(now_ms.saturating_add(DEFAULT_PAUSE_MS));
+            d.pause(tx, now_ms, until)?;
             if adaptive {
                 set_limit(tx, &backoff)?;
             }
@@ -169,23 +168,15 @@ pub(crate) fn end_attempt(
         // Only a model with somewhere else to send its calls ejects a deployment: a lone one
         // goes on taking them (its provider's retry-after still pauses it).
         (CallResult::Failed, Some("unavailable" | "connect_failed")) if !can_eject => {
-            if let Some(ms) = end.provider_retry_after_ms {
-                d.pause(
-                    tx,
-                    now_ms,
-                    now_ms.saturating_add(ms.min(EJECT_MAX_MS as u64) as i64),
-                )?;
+            if let Some(until) = retry_after {
+                d.pause(tx, now_ms, until)?;
             }
         }
         (CallResult::Failed, Some("unavailable" | "connect_failed")) => {
             let failures = tx.slots_in_use(&d.failures)?.saturating_add(1);
             tx.set_slots_in_use(&d.failures, failures)?;
-            if let Some(ms) = end.provider_retry_after_ms {
-                d.pause(
-                    tx,
-                    now_ms,
-                    now_ms.saturating_add(ms.min(EJECT_MAX_MS as u64) as i64),
-                )?;
+            if let Some(until) = retry_after {
+                d.pause(tx, now_ms, until)?;
             }
             if failures >= EJECT_AFTER_FAILURES {
                 let ejections = tx.slots_in_use(&d.ejections)?.saturating_add(1);

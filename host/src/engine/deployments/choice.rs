@@ -102,14 +102,7 @@ impl DeploymentBudgets<'_> {
                         said.push((b.name.clone(), b.limits, credits));
                     }
                     if holder.is_some() && configured {
-                        leased.push((
-                            BucketRef {
-                                name: b.name.clone(),
-                                limits: b.limits,
-                            },
-                            credits,
-                            unit,
-                        ));
+                        leased.push((b.clone(), credits, unit));
                     } else if seeing.is_none()
                         && (configured
                             || stored.is_some_and(|s| s.balance_micro < b.limits.capacity_micro))

@@ -138,6 +138,43 @@ impl<'a> DeploymentBudgets<'a> {
             .unwrap_or_default()
     }
 
+    /// Deployment `name` of `model` as configured now (`None`: configured away since).
+    pub fn find(config: &'a Config, model: &'a str, name: &str) -> Option<Self> {
+        let (model, routing) = config.routing.get_key_value(model)?;
+        let d = routing.deployments.iter().find(|d| d.name == name)?;
+        Some(Self::new(model, d))
+    }
+
+    /// Releases the slot of a call that ended: through `holder`'s lease where it holds
+    /// leases and the concurrency is leased, else from the row.
+    pub fn release_slot(
+        &self,
+        tx: &mut dyn Tx,
+        holder: Option<&Holder>,
+        now_ms: i64,
+    ) -> Result<(), StoreError> {
+        match (holder, self.leased_slots()) {
+            (Some(h), Some(slots)) => h.refund(tx, SharedRow::Slots(&slots), 1, now_ms),
+            _ => super::budgets::release_slot(tx, &self.slots),
+        }
+    }
+
+    /// Returns a call's unused tokens to the token bucket, where one is configured:
+    /// through `holder`'s leases where it holds them.
+    pub fn refund_tokens(
+        &self,
+        tx: &mut dyn Tx,
+        holder: Option<&Holder>,
+        unused: u64,
+        now_ms: i64,
+    ) -> Result<(), StoreError> {
+        match (holder, self.tokens_configured) {
+            (_, false) => Ok(()),
+            (Some(h), true) => h.refund(tx, SharedRow::Bucket(&self.tokens), unused, now_ms),
+            (None, true) => self.tokens.refund(tx, unused, now_ms),
+        }
+    }
+
     /// Names in `hint` every row an admission or a completion through it may reach. With
     /// a holder, its leases instead of the leased shared rows; while it leases, not the
     /// rows it reads as last seen either (reached, if written, only when free at once).

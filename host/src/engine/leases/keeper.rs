@@ -207,6 +207,13 @@ impl<S: crate::store::Store> crate::engine::Engine<S> {
         self.holder.get()
     }
 
+    /// [`Engine::holder`], borrowed.
+    ///
+    /// [`Engine::holder`]: crate::engine::Engine::holder
+    pub(crate) fn holding(&self) -> Option<&Holder> {
+        self.holder.get().map(|h| &**h)
+    }
+
     /// Makes this engine a holder of leases under `id` (unique among the engines sharing
     /// its store): from the next [`Engine::keep_leases`] that finds another holder live, it
     /// reserves the budgets tenants share through leases (docs/design.md, "Leases for
@@ -265,10 +272,7 @@ impl<S: crate::store::Store> crate::engine::Engine<S> {
         shared.buckets.extend(Budgets::of_groups(&config));
         for model in config.routing.keys() {
             for d in DeploymentBudgets::of(&config, model) {
-                shared.buckets.extend(d.leased_buckets().map(|b| BucketRef {
-                    name: b.name.clone(),
-                    limits: b.limits,
-                }));
+                shared.buckets.extend(d.leased_buckets().cloned());
                 match d.leased_slots() {
                     Some(s) => shared.slots.push(s),
                     // An adaptive count is not leased; a lease left from when it was not
