@@ -59,7 +59,7 @@ fn suite(file: &str, tests: usize) {
 
 #[test]
 fn the_openai_sdk_through_the_gateway() {
-    suite("test_gateway.py", 21);
+    suite("test_gateway.py", 22);
 }
 
 #[test]

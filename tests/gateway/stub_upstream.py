@@ -11,7 +11,7 @@ is chosen by the last message's content (a Responses call's last input text):
   "drop"                   a stream (or a plain body) cut off midway: the connection closes
   "slow-stream"            a stream whose events come 150 ms apart
 
-Every request is recorded; GET /_calls lists them (path, authorization, body). Like a real
+Every request is recorded; GET /_calls lists them (method, path, authorization, body). Like a real
 provider, every answer has an id of its own (`chatcmpl-<n>`, n counting the requests).
 """
 import json
@@ -66,9 +66,17 @@ class Handler(BaseHTTPRequestHandler):
 
     stored = {}
 
+    def record(self, body):
+        """Keeps a call for GET /_calls (the lock held by the caller)."""
+        self.calls.append({"method": self.command, "path": self.path,
+                           "authorization": self.headers.get("authorization"),
+                           "traceparent": self.headers.get("traceparent"),
+                           "body": body})
+
     def do_DELETE(self):
         rid = self.path.rsplit("/", 1)[-1]
         with self.lock:
+            self.record({})
             found = self.stored.pop(rid, None)
         if found is None:
             return self.error(404, "not_found", {})
@@ -77,7 +85,8 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self):
         if self.path.startswith("/v1/responses/"):
             with self.lock:
-                found = self.stored.get(self.path.rsplit("/", 1)[-1])
+                self.record({})
+                found = self.stored.get(self.path.split("?")[0].rsplit("/", 1)[-1])
             if found is None:
                 return self.error(404, "not_found", {})
             return self.json(200, found)
@@ -96,10 +105,7 @@ class Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("content-length", "0"))
         body = json.loads(self.rfile.read(length) or b"{}")
         with self.lock:
-            self.calls.append({"path": self.path,
-                               "authorization": self.headers.get("authorization"),
-                               "traceparent": self.headers.get("traceparent"),
-                               "body": body})
+            self.record(body)
             self.answer_id = f"chatcmpl-{len(self.calls)}"
             self.number = len(self.calls)
         if self.path.endswith("/embeddings"):

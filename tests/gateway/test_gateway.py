@@ -39,7 +39,7 @@ class Gateway(unittest.TestCase):
                         "priced": {"cost_microusd": {"capacity": 100, "refill_per_s": 0}}},
             # The gateway's models, with their budgets and prices.
             "models": {MODEL: {"price_microusd_per_token": {"input": 1, "output": 1}},
-                       "no-tokenizer": {}, "primary": {}},
+                       "no-tokenizer": {}, "primary": {}, "two-places": {}},
             # A request that can never fit its token bucket is cut to 50 output tokens.
             "policy_params": {"degrade_on_token_shortage": True, "degraded_max_output_tokens": 50,
                               "exec_ms_per_output_token": 1, "shed_model": MODEL},
@@ -48,7 +48,10 @@ class Gateway(unittest.TestCase):
             "policy": os.environ["TOLLGATE_SHED_MODEL_POLICY"],
             "gateway": {
                 "upstreams": {"local": {"base_url": f"http://127.0.0.1:{stub_port}/v1",
-                                        "api_key_env": "STUB_UPSTREAM_KEY"}},
+                                        "api_key_env": "STUB_UPSTREAM_KEY"},
+                              # The same stub as another provider account (its own key).
+                              "second": {"base_url": f"http://127.0.0.1:{stub_port}/v1",
+                                         "api_key_env": "STUB_UPSTREAM_KEY2"}},
                 "models": {MODEL: {"upstream": "local", "tokenizer": "o200k_base",
                                    "default_max_output_tokens": 64},
                            "no-tokenizer": {"upstream": "local"},
@@ -56,11 +59,16 @@ class Gateway(unittest.TestCase):
                            # to the fallback model, unless the caller forbids it.
                            "primary": {"deployments": [{"name": "tiny", "upstream": "local",
                                                         "tokens": {"capacity": 1, "refill_per_s": 0}}],
-                                       "fallbacks": [MODEL], "tokenizer": "o200k_base"}},
+                                       "fallbacks": [MODEL], "tokenizer": "o200k_base"},
+                           # Two accounts: a stored response lives at the one that made it.
+                           "two-places": {"deployments": [{"name": "east", "upstream": "local"},
+                                                          {"name": "west", "upstream": "second"}],
+                                          "tokenizer": "o200k_base"}},
                 "default_timeout_ms": 20000,
             },
         }
-        cls.serving = serving.Serving(config, env=dict(STUB_UPSTREAM_KEY="upstream-secret"))
+        cls.serving = serving.Serving(config, env=dict(STUB_UPSTREAM_KEY="upstream-secret",
+                                                              STUB_UPSTREAM_KEY2="second-secret"))
         cls.base = cls.serving.base
 
     @classmethod
@@ -300,7 +308,7 @@ class Gateway(unittest.TestCase):
 
     def test_models_and_unknown_models(self):
         ids = sorted(m.id for m in self.client().models.list())
-        self.assertEqual(ids, sorted([MODEL, "no-tokenizer", "primary"]))
+        self.assertEqual(ids, sorted([MODEL, "no-tokenizer", "primary", "two-places"]))
         with self.assertRaises(openai.NotFoundError) as caught:
             self.client().chat.completions.create(
                 model="gpt-nothing", messages=[{"role": "user", "content": "hi"}])
@@ -368,12 +376,12 @@ class Gateway(unittest.TestCase):
         # No limit given: the model's default is reserved and written upstream.
         self.client().responses.create(model=MODEL, input="responses default")
         self.assertEqual(self.stub_calls("responses default")[-1]["body"]["max_output_tokens"], 64)
-        # The stored response, read and deleted with the caller's key only.
-        self.assertEqual(self.client().responses.retrieve(answer.id).output_text,
+        # The stored response, read and deleted by its own tenant.
+        self.assertEqual(self.client("globex").responses.retrieve(answer.id).output_text,
                          stub_upstream.ANSWER)
-        self.client().responses.delete(answer.id)
+        self.client("globex").responses.delete(answer.id)
         with self.assertRaises(openai.NotFoundError):
-            self.client().responses.retrieve(answer.id)
+            self.client("globex").responses.retrieve(answer.id)
         with self.assertRaises(openai.AuthenticationError):
             openai.OpenAI(api_key="wrong", base_url=self.base + "/v1").responses.retrieve("resp_1")
         # A repeat with the same key is its answer again, not a second call.
@@ -383,6 +391,63 @@ class Gateway(unittest.TestCase):
         self.assertEqual(again.headers.get("x-tollgate-replayed"), "true")
         self.assertEqual(again.parse().id, answer.id)
         self.assertEqual(len(self.stub_calls("responses plain")), 1)
+
+    def stored_calls(self, rid):
+        """The calls the upstream got for stored response `rid` (reads and deletes)."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.stub.server_address[1]}/_calls") as r:
+            calls = json.loads(r.read())
+        return [c for c in calls if c["path"].split("?")[0].startswith(f"/v1/responses/{rid}")]
+
+    def test_a_stored_response_is_its_tenants_alone_at_the_deployment_that_holds_it(self):
+        # Made until one is held by the second account in name order ("west").
+        held = {}
+        for n in range(16):
+            raw = self.client().responses.with_raw_response.create(
+                model="two-places", input=f"keep me {n}")
+            held[raw.headers["x-tollgate-deployment"]] = raw.parse().id
+            if "west" in held:
+                break
+        mine = held["west"]
+        # Another tenant: 404 on read and delete, and the upstream is never asked.
+        with self.assertRaises(openai.NotFoundError):
+            self.client("globex").responses.retrieve(mine)
+        with self.assertRaises(openai.NotFoundError):
+            self.client("globex").responses.delete(mine)
+        with self.assertRaises(openai.NotFoundError):
+            self.client("globex").responses.input_items.list(mine)
+        self.assertEqual(self.stored_calls(mine), [])
+        # An id tollgate never served is nobody's: 404, nothing asked.
+        with self.assertRaises(openai.NotFoundError):
+            self.client().responses.retrieve("resp_nobody_made_this")
+        self.assertEqual(self.stored_calls("resp_nobody_made_this"), [])
+        # The owner's read goes to the account that holds it, once, query string and all.
+        got = self.client().responses.retrieve(mine, include=["message.output_text.logprobs"])
+        self.assertEqual(got.id, mine)
+        calls = self.stored_calls(mine)
+        self.assertEqual(len(calls), 1)
+        self.assertEqual(calls[0]["method"], "GET")
+        self.assertEqual(calls[0]["authorization"], "Bearer second-secret")
+        self.assertIn("include", calls[0]["path"])
+        # A streamed response is recorded before its events reach the caller.
+        events = list(self.client("globex").responses.create(
+            model="two-places", input="keep my stream", stream=True))
+        theirs = events[0].response.id
+        with self.assertRaises(openai.NotFoundError):
+            self.client().responses.retrieve(theirs)
+        self.assertEqual(self.stored_calls(theirs), [])
+        self.assertEqual(self.client("globex").responses.retrieve(theirs).id, theirs)
+        # A call that asks the provider not to keep it leaves nothing to fetch.
+        unkept = self.client().responses.create(model=MODEL, input="forget me", store=False).id
+        with self.assertRaises(openai.NotFoundError):
+            self.client().responses.retrieve(unkept)
+        self.assertEqual(self.stored_calls(unkept), [])
+        # The owner deletes it at its account; then it is gone for everyone, nothing asked.
+        self.client().responses.delete(mine)
+        self.assertEqual([c["method"] for c in self.stored_calls(mine)], ["GET", "DELETE"])
+        self.assertEqual(self.stored_calls(mine)[1]["authorization"], "Bearer second-secret")
+        with self.assertRaises(openai.NotFoundError):
+            self.client().responses.retrieve(mine)
+        self.assertEqual(len(self.stored_calls(mine)), 2)
 
     def test_a_responses_stream_passes_its_events_and_books_the_completed_usage(self):
         before = self.tokens_left("globex")

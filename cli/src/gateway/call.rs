@@ -6,6 +6,7 @@
 use super::completion::{finish, Ending};
 use super::dialect::CallLimit;
 use super::openai;
+use super::owned;
 use super::replay;
 use super::sse::Splitter;
 use super::upstream::{self, Sent};
@@ -112,9 +113,15 @@ pub async fn run(s: Shared, call: GatewayCall) -> Response {
                             .await
                     }
                 };
-                let usage = serde_json::from_slice::<Value>(&body)
-                    .ok()
-                    .and_then(|v| call.dialect.usage_of(&v));
+                let parsed = serde_json::from_slice::<Value>(&body).ok();
+                let usage = parsed.as_ref().and_then(|v| call.dialect.usage_of(v));
+                if let Some(id) = parsed.as_ref().and_then(owned::response_id) {
+                    if owned::keeps_response(&call) {
+                        // Recorded before the caller can learn the id.
+                        owned::record(&s, &call, sent.served(&call), &sent.deployment, id)
+                            .await;
+                    }
+                }
                 crate::telemetry::upstream_answered(&span, 200, usage.as_ref());
                 drop(span);
                 let mut response = Response::new(Body::from(body.clone()));
@@ -229,6 +236,11 @@ struct Routed {
 }
 
 impl Routed {
+    /// The model whose deployment served: the fallback, or the one asked for.
+    fn served<'a>(&'a self, call: &'a GatewayCall) -> &'a str {
+        self.model.as_deref().unwrap_or(&call.model)
+    }
+
     fn mark(&self, headers: &mut HeaderMap) {
         if let Ok(v) = HeaderValue::from_str(&self.deployment) {
             headers.insert("x-tollgate-deployment", v);
@@ -486,12 +498,15 @@ fn stream(
     let kept_head = response_head.clone();
     // The stream's task stays in the request's span (its log lines carry the trace).
     let span = call.span.clone();
+    let holder = (sent.served(&call).to_string(), sent.deployment.clone());
     let relay = async move {
         // The events as the caller gets them, kept for a repeat while within the bound.
         let mut kept: Option<Vec<u8>> = call.replay.map(|_| Vec::new());
         let mut body = upstream.into_body();
         let mut splitter = Splitter::new(call.dialect);
         let (mut usage, mut done, mut first) = (None, false, true);
+        // A kept response's id is recorded before the caller gets the event that says it.
+        let mut unrecorded = owned::keeps_response(&call);
         let mut caller_here = true;
         let failure: Option<String> = loop {
             let frame = match tokio::time::timeout_at(deadline, body.frame()).await {
@@ -511,6 +526,12 @@ fn stream(
                 if first {
                     first = false;
                     observe(&s.metrics.gateway_ttft_seconds, &call, started);
+                }
+                if unrecorded {
+                    if let Some(id) = owned::response_id_in_event(&event.raw) {
+                        unrecorded = false;
+                        owned::record(&s, &call, &holder.0, &holder.1, &id).await;
+                    }
                 }
                 done |= event.done;
                 usage = call.dialect.merge(usage, event.usage);

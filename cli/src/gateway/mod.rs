@@ -2,7 +2,8 @@
 //! and `GET /v1/models` in OpenAI's shape and `POST /v1/messages` in Anthropic's, so that an
 //! OpenAI or Anthropic SDK pointed at tollgate gets its limits applied (`docs/gateway.md`);
 //! what differs between the dialects is in `dialect`, Anthropic's words at the boundary in
-//! `anthropic`, the calls that cost nothing in `passthrough`.
+//! `anthropic`, stored responses (each its tenant's) in `owned`, the calls that cost nothing
+//! in `passthrough`.
 //!
 //! A call is admitted by the engine before anything goes upstream (the prompt counted with
 //! the model's tokenizer), sent to the model's upstream with the upstream's key (never the
@@ -15,6 +16,7 @@ mod call;
 mod completion;
 mod dialect;
 mod openai;
+mod owned;
 mod passthrough;
 mod replay;
 mod sse;
@@ -63,9 +65,6 @@ struct DeploymentRoute {
 /// The gateway's state, built once at start.
 pub struct Gateway {
     models: BTreeMap<String, ModelRoute>,
-    /// Every upstream's kind, base URL and key, in name order (for calls that name no
-    /// model).
-    upstreams: Vec<(UpstreamKind, String, Option<String>)>,
     client: HttpClient,
     default_timeout_ms: u64,
     max_attempts: u32,
@@ -129,17 +128,8 @@ impl Gateway {
                 (name.clone(), route)
             })
             .collect();
-        let upstreams = g
-            .upstreams
-            .iter()
-            .map(|(name, u)| {
-                let base = u.base_url.trim_end_matches('/').to_string();
-                (u.kind, base, keys[name].clone())
-            })
-            .collect();
         Ok(Gateway {
             models,
-            upstreams,
             client: upstream::client(),
             default_timeout_ms: g.default_timeout_ms,
             max_attempts: g.max_attempts,
@@ -178,7 +168,11 @@ pub fn router(state: Shared) -> Router {
         .route("/v1/responses", post(responses))
         .route(
             "/v1/responses/{id}",
-            get(passthrough::response).delete(passthrough::response),
+            get(owned::response).delete(owned::response),
+        )
+        .route(
+            "/v1/responses/{id}/{part}",
+            get(owned::response_part).post(owned::response_part),
         )
         .route("/v1/embeddings", post(embeddings))
         .route("/v1/messages", post(messages))

@@ -90,6 +90,7 @@ pub(crate) struct RetentionInput {
     pub(crate) operations_days: Option<f64>,
     pub(crate) spend_days: Option<f64>,
     pub(crate) saved_answers_max_bytes: Option<u64>,
+    pub(crate) owned_objects_days: Option<f64>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]

@@ -104,6 +104,9 @@ pub struct Config {
     pub retention_ms: Option<u64>,
     /// How long the spend ledger's hours are kept (`None`: for ever).
     pub spend_retention_ms: Option<u64>,
+    /// How long the record of who made a stored object (a stored response) is kept
+    /// (`None`: for ever); past it, the object is no longer handed back through the gateway.
+    pub owned_objects_retention_ms: Option<u64>,
     /// The most bytes of saved answers the store keeps in all (the soonest to expire go
     /// first when over).
     pub saved_answers_max_bytes: u64,
@@ -271,6 +274,11 @@ impl Config {
                 input.retention.spend_days,
                 DEFAULT_SPEND_RETENTION_DAYS,
                 "retention.spend_days",
+            )?,
+            owned_objects_retention_ms: days(
+                input.retention.owned_objects_days,
+                DEFAULT_OWNED_OBJECTS_RETENTION_DAYS,
+                "retention.owned_objects_days",
             )?,
             discipline: input.scheduler.discipline.unwrap_or(Discipline::Wrr),
             quantum_tokens: input.scheduler.quantum_tokens.unwrap_or(1000),
@@ -523,6 +531,8 @@ fn days(written: Option<f64>, default: u64, field: &str) -> Result<Option<u64>, 
 pub const DEFAULT_RETENTION_DAYS: u64 = 1;
 /// `retention.spend_days` when not given: a year and a month of spend, for a year's reports.
 pub const DEFAULT_SPEND_RETENTION_DAYS: u64 = 400;
+/// `retention.owned_objects_days` when not given: as long as OpenAI keeps a stored response.
+pub const DEFAULT_OWNED_OBJECTS_RETENTION_DAYS: u64 = 30;
 /// Least fuel a configuration may give a guest call: a Rust decision uses a few thousand
 /// units (the policy's self-check runs under the same bound); a Python one needs more.
 pub const MIN_POLICY_FUEL: u64 = 10_000;

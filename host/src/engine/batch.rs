@@ -101,6 +101,31 @@ pub(crate) enum Job {
         /// The time buckets are read at.
         now_ms: i64,
     },
+    /// Record an object a tenant made (a stored response).
+    OwnObject {
+        /// Its maker.
+        tenant: String,
+        /// The object.
+        object: crate::store::OwnedObject,
+    },
+    /// Look up an object by its maker.
+    OwnedObject {
+        /// The tenant asking: only its own objects are found.
+        tenant: String,
+        /// What it is (`response`).
+        kind: String,
+        /// The provider's id.
+        id: String,
+    },
+    /// Forget an object its maker deleted.
+    ForgetObject {
+        /// Its maker.
+        tenant: String,
+        /// What it is.
+        kind: String,
+        /// The provider's id.
+        id: String,
+    },
 }
 
 /// The answer to one [`Job`].
@@ -126,6 +151,10 @@ pub(crate) enum Answer {
     Operations(super::OperationsPage),
     /// The answer to `SavedAnswer`.
     Saved(Option<Vec<u8>>),
+    /// The answer to `OwnedObject` (`None`: not this tenant's, or no such object).
+    Owned(Option<crate::store::OwnedObject>),
+    /// The answer to `ForgetObject`: whether there was one.
+    Forgot(bool),
 }
 
 impl Job {
@@ -139,7 +168,10 @@ impl Job {
             Job::Reconcile { reconciliation, .. } => Some(&reconciliation.tenant),
             Job::Operation { tenant, .. }
             | Job::TenantLevels { tenant, .. }
-            | Job::SavedAnswer { tenant, .. } => Some(tenant),
+            | Job::SavedAnswer { tenant, .. }
+            | Job::OwnObject { tenant, .. }
+            | Job::OwnedObject { tenant, .. }
+            | Job::ForgetObject { tenant, .. } => Some(tenant),
             Job::Dispatch { .. }
             | Job::SetDownstream { .. }
             | Job::Inspect { .. }
@@ -297,6 +329,10 @@ impl<S: Store> Engine<S> {
                     (tenant, Some(key), None)
                 }
                 Job::TenantLevels { tenant, .. } => (tenant, None, None),
+                // One row of their own, locked when reached.
+                Job::OwnObject { .. } | Job::OwnedObject { .. } | Job::ForgetObject { .. } => {
+                    continue
+                }
                 Job::Dispatch { .. }
                 | Job::SetDownstream { .. }
                 | Job::Inspect { .. }
@@ -531,6 +567,16 @@ impl<S: Store> Engine<S> {
                 }
                 Job::Levels { now_ms } => {
                     Answer::Inspection(Box::new(self.inspect_in(tx, at(now_ms), None)?))
+                }
+                Job::OwnObject { tenant, object } => {
+                    tx.put_owned_object(tenant, object)?;
+                    Answer::Done
+                }
+                Job::OwnedObject { tenant, kind, id } => {
+                    Answer::Owned(tx.owned_object(tenant, kind, id)?)
+                }
+                Job::ForgetObject { tenant, kind, id } => {
+                    Answer::Forgot(tx.delete_owned_object(tenant, kind, id)?)
                 }
             })
         }

@@ -149,6 +149,8 @@ pub struct Sweep {
     pub answers_deleted: u64,
     /// Hours of the spend ledger deleted for retention (rows).
     pub spend_deleted: u64,
+    /// Records of owned objects (stored responses) deleted for retention.
+    pub owned_objects_deleted: u64,
     /// Whether the sweep stopped at the end of a full stretch: the table goes on, and
     /// another sweep at once would carry on from there.
     pub more: bool,
@@ -226,6 +228,10 @@ impl<S: Store> Engine<S> {
             if let Some(keep) = config.spend_retention_ms {
                 let before = now_ms.saturating_sub(i64::try_from(keep).unwrap_or(i64::MAX));
                 sweep.spend_deleted = tx.delete_spend(before, SWEEP_ROWS)?;
+            }
+            if let Some(keep) = config.owned_objects_retention_ms {
+                let before = now_ms.saturating_sub(i64::try_from(keep).unwrap_or(i64::MAX));
+                sweep.owned_objects_deleted = tx.delete_owned_objects(before, SWEEP_ROWS)?;
             }
             // A sent alert's id keeps a second crossing in its period from being written:
             // kept longer than any period.

@@ -118,6 +118,22 @@ pub struct QueuedJob {
     pub expire_at_ms: i64,
 }
 
+/// An object a tenant made through the gateway and can fetch later (a stored response):
+/// who made it is the row's key, so another tenant's is never found.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct OwnedObject {
+    /// What it is: `response`.
+    pub kind: String,
+    /// The provider's id for it.
+    pub id: String,
+    /// The gateway model whose deployment made it.
+    pub model: String,
+    /// The deployment that holds it (its upstream account).
+    pub deployment: String,
+    /// When it was recorded.
+    pub created_ms: i64,
+}
+
 /// How the jobs of one batch are kept apart inside its transaction. Most batches have no
 /// failing job, so a store first runs a batch `Together` and, only if a job fails, again
 /// with `Savepoints`: a savepoint per job costs SQLite a statement journal of every page
@@ -491,6 +507,25 @@ pub trait Tx {
     fn delete_answers(&mut self, by_ms: i64, limit: u32) -> Result<u64, StoreError>;
     /// The bytes of every saved answer, for the bound on their total.
     fn answer_bytes(&mut self) -> Result<u64, StoreError>;
+    /// The object `(kind, id)` that `tenant` made and a deployment holds (a stored
+    /// response), if `tenant` made it; another tenant's is never found.
+    fn owned_object(
+        &mut self,
+        tenant: &str,
+        kind: &str,
+        id: &str,
+    ) -> Result<Option<OwnedObject>, StoreError>;
+    /// Records that `tenant` made `object` (replacing a record of the same kind and id).
+    fn put_owned_object(&mut self, tenant: &str, object: &OwnedObject) -> Result<(), StoreError>;
+    /// Forgets `tenant`'s object `(kind, id)`; whether there was one.
+    fn delete_owned_object(
+        &mut self,
+        tenant: &str,
+        kind: &str,
+        id: &str,
+    ) -> Result<bool, StoreError>;
+    /// Deletes at most `limit` owned objects made before `before_ms`, oldest first; how many.
+    fn delete_owned_objects(&mut self, before_ms: i64, limit: u32) -> Result<u64, StoreError>;
     /// A tenant's deficit-round-robin credit, in tokens.
     fn deficit(&mut self, tenant: &str) -> Result<u64, StoreError>;
     /// Sets a tenant's DRR deficit.

@@ -72,6 +72,10 @@ CREATE TABLE IF NOT EXISTS spend (
     cache_write_tokens BIGINT NOT NULL, reasoning_tokens BIGINT NOT NULL,
     cost_microusd BIGINT NOT NULL,
     PRIMARY KEY (hour_ms, tenant, group_chain, model, deployment));
+CREATE TABLE IF NOT EXISTS owned_objects (
+    tenant TEXT NOT NULL, kind TEXT NOT NULL, id TEXT NOT NULL, model TEXT NOT NULL,
+    deployment TEXT NOT NULL, created_ms BIGINT NOT NULL, PRIMARY KEY (tenant, kind, id));
+CREATE INDEX IF NOT EXISTS owned_objects_by_age ON owned_objects (created_ms);
 CREATE TABLE IF NOT EXISTS alerts (
     id TEXT PRIMARY KEY, budget TEXT NOT NULL, webhook TEXT NOT NULL, secret_env TEXT,
     payload TEXT NOT NULL, attempts BIGINT NOT NULL, next_ms BIGINT NOT NULL, sent_ms BIGINT);
@@ -81,7 +85,8 @@ CREATE INDEX IF NOT EXISTS alerts_due ON alerts (next_ms) WHERE sent_ms IS NULL;
 /// The statements that create the schema, with the dialect's auto-incrementing key and
 /// byte-string type. (`policies` keeps the components the store's policy state names,
 /// `tenants` and `api_keys` the directory, `answers` the saved answers replayed to a repeated
-/// call, `spend` the spend ledger, `alerts` the outbox of budget alerts: tables added without a version bump, since an earlier
+/// call, `spend` the spend ledger, `alerts` the outbox of budget alerts,
+/// `owned_objects` who made each stored object the gateway hands back: tables added without a version bump, since an earlier
 /// host never reads them.)
 pub fn tables(seq_column: &str, blob: &str) -> String {
     TABLES.replace("{seq}", seq_column).replace("{blob}", blob)

@@ -363,6 +363,44 @@ impl Writer {
         }
     }
 
+    /// Records that `tenant` made `object` (a stored response).
+    pub async fn own_object(
+        &self,
+        tenant: String,
+        object: crate::store::OwnedObject,
+    ) -> Result<(), Failure> {
+        match self.submit(Job::OwnObject { tenant, object }).await? {
+            Answer::Done => Ok(()),
+            other => Err(out_of_turn(other)),
+        }
+    }
+
+    /// `tenant`'s object `(kind, id)`, if `tenant` made it.
+    pub async fn owned_object(
+        &self,
+        tenant: String,
+        kind: String,
+        id: String,
+    ) -> Result<Option<crate::store::OwnedObject>, Failure> {
+        match self.submit(Job::OwnedObject { tenant, kind, id }).await? {
+            Answer::Owned(o) => Ok(o),
+            other => Err(out_of_turn(other)),
+        }
+    }
+
+    /// Forgets `tenant`'s object `(kind, id)`; whether there was one.
+    pub async fn forget_object(
+        &self,
+        tenant: String,
+        kind: String,
+        id: String,
+    ) -> Result<bool, Failure> {
+        match self.submit(Job::ForgetObject { tenant, kind, id }).await? {
+            Answer::Forgot(b) => Ok(b),
+            other => Err(out_of_turn(other)),
+        }
+    }
+
     /// Claims up to `count` queued durable jobs for `worker` (see [`Engine::dispatch`]).
     pub async fn dispatch(
         &self,

@@ -56,6 +56,11 @@ impl RowLock {
         Self::of("op", &format!("{tenant}\0{key}"))
     }
 
+    /// The lock of an object a tenant owns (a stored response).
+    pub(super) fn object(tenant: &str, kind: &str, id: &str) -> Self {
+        Self::of("object", &format!("{tenant}\0{kind}\0{id}"))
+    }
+
     /// The two 32-bit keys `pg_advisory_xact_lock(int4, int4)` takes.
     pub(super) fn keys(self) -> (i32, i32) {
         ((self.0 >> 32) as i32, self.0 as i32)

@@ -88,6 +88,14 @@ statements! {
         ON CONFLICT (tenant, key) DO UPDATE SET expires_ms = EXCLUDED.expires_ms, size = EXCLUDED.size, bytes = EXCLUDED.bytes";
     delete_answers = "DELETE FROM answers WHERE ctid IN \
         (SELECT ctid FROM answers WHERE expires_ms <= $1 ORDER BY expires_ms LIMIT $2)";
+    owned_object = "SELECT model, deployment, created_ms FROM owned_objects
+        WHERE tenant = $1 AND kind = $2 AND id = $3";
+    put_owned_object = "INSERT INTO owned_objects (tenant, kind, id, model, deployment, created_ms)
+        VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (tenant, kind, id) DO UPDATE SET
+        model = EXCLUDED.model, deployment = EXCLUDED.deployment, created_ms = EXCLUDED.created_ms";
+    delete_owned_object = "DELETE FROM owned_objects WHERE tenant = $1 AND kind = $2 AND id = $3";
+    delete_owned_objects = "DELETE FROM owned_objects WHERE ctid IN \
+        (SELECT ctid FROM owned_objects WHERE created_ms < $1 ORDER BY created_ms LIMIT $2)";
     answer_bytes = "SELECT COALESCE(SUM(size), 0)::BIGINT FROM answers";
     put_policy_component = "INSERT INTO policies (digest, bytes) VALUES ($1, $2) ON CONFLICT (digest) DO NOTHING";
     written_tenants = "SELECT name, written FROM tenants ORDER BY name";

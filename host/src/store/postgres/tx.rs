@@ -11,7 +11,9 @@ use crate::bucket;
 use crate::model::{Operation, Priority};
 use crate::spend::SpendRow;
 use crate::store::row_cache::RowCache;
-use crate::store::{record, KeyRole, Prefetch, QueuedJob, StoreError, StoredKey, Tx};
+use crate::store::{
+    record, KeyRole, OwnedObject, Prefetch, QueuedJob, StoreError, StoredKey, Tx,
+};
 use postgres::{Client, Row, Statement};
 
 /// A transaction open on the connection, with the caches of the batch it belongs to.
@@ -443,6 +445,47 @@ impl Tx for PgTx<'_> {
             .iter()
             .map(job)
             .collect())
+    }
+    fn owned_object(
+        &mut self,
+        tenant: &str,
+        kind: &str,
+        id: &str,
+    ) -> Result<Option<OwnedObject>, StoreError> {
+        self.need(RowLock::object(tenant, kind, id))?;
+        Ok(self
+            .opt(&self.st.owned_object, &[&tenant, &kind, &id])?
+            .map(|r| OwnedObject {
+                kind: kind.to_string(),
+                id: id.to_string(),
+                model: r.get(0),
+                deployment: r.get(1),
+                created_ms: r.get(2),
+            }))
+    }
+    fn put_owned_object(&mut self, tenant: &str, o: &OwnedObject) -> Result<(), StoreError> {
+        self.need(RowLock::object(tenant, &o.kind, &o.id))?;
+        self.exec(
+            &self.st.put_owned_object,
+            &[&tenant, &o.kind, &o.id, &o.model, &o.deployment, &o.created_ms],
+        )
+        .map(drop)
+    }
+    fn delete_owned_object(
+        &mut self,
+        tenant: &str,
+        kind: &str,
+        id: &str,
+    ) -> Result<bool, StoreError> {
+        self.need(RowLock::object(tenant, kind, id))?;
+        Ok(self.exec(&self.st.delete_owned_object, &[&tenant, &kind, &id])? > 0)
+    }
+    fn delete_owned_objects(&mut self, before_ms: i64, limit: u32) -> Result<u64, StoreError> {
+        self.need_store()?;
+        self.exec(
+            &self.st.delete_owned_objects,
+            &[&before_ms, &i64::from(limit)],
+        )
     }
     fn deficit(&mut self, tenant: &str) -> Result<u64, StoreError> {
         self.need_store()?;

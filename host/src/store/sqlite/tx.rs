@@ -2,7 +2,9 @@
 //! the row cache, operations and queues in SQL.
 
 use super::super::row_cache::RowCache;
-use super::super::{ledger_sql, record, KeyRole, QueuedJob, StoreError, StoredKey, Tx};
+use super::super::{
+    ledger_sql, record, KeyRole, OwnedObject, QueuedJob, StoreError, StoredKey, Tx,
+};
 use crate::alerts::Alert;
 use crate::bucket;
 use crate::model::{Operation, Priority};
@@ -470,6 +472,67 @@ impl Tx for SqliteTx<'_> {
         )?;
         let rows = st.query_map([now_ms], job_from_row)?;
         Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    fn owned_object(
+        &mut self,
+        tenant: &str,
+        kind: &str,
+        id: &str,
+    ) -> Result<Option<OwnedObject>, StoreError> {
+        let mut st = self.tx.prepare_cached(
+            "SELECT model, deployment, created_ms FROM owned_objects \
+             WHERE tenant = ?1 AND kind = ?2 AND id = ?3",
+        )?;
+        Ok(st
+            .query_row(params![tenant, kind, id], |r| {
+                Ok(OwnedObject {
+                    kind: kind.to_string(),
+                    id: id.to_string(),
+                    model: r.get(0)?,
+                    deployment: r.get(1)?,
+                    created_ms: r.get(2)?,
+                })
+            })
+            .optional()?)
+    }
+
+    fn put_owned_object(&mut self, tenant: &str, o: &OwnedObject) -> Result<(), StoreError> {
+        self.tx
+            .prepare_cached(
+                "INSERT INTO owned_objects (tenant, kind, id, model, deployment, created_ms) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (tenant, kind, id) DO UPDATE SET \
+                 model = excluded.model, deployment = excluded.deployment, \
+                 created_ms = excluded.created_ms",
+            )?
+            .execute(params![tenant, o.kind, o.id, o.model, o.deployment, o.created_ms])?;
+        Ok(())
+    }
+
+    fn delete_owned_object(
+        &mut self,
+        tenant: &str,
+        kind: &str,
+        id: &str,
+    ) -> Result<bool, StoreError> {
+        let n = self
+            .tx
+            .prepare_cached(
+                "DELETE FROM owned_objects WHERE tenant = ?1 AND kind = ?2 AND id = ?3",
+            )?
+            .execute(params![tenant, kind, id])?;
+        Ok(n > 0)
+    }
+
+    fn delete_owned_objects(&mut self, before_ms: i64, limit: u32) -> Result<u64, StoreError> {
+        let n = self
+            .tx
+            .prepare_cached(
+                "DELETE FROM owned_objects WHERE rowid IN (SELECT rowid FROM owned_objects \
+                 WHERE created_ms < ?1 ORDER BY created_ms LIMIT ?2)",
+            )?
+            .execute(params![before_ms, limit])?;
+        Ok(n as u64)
     }
 
     fn deficit(&mut self, tenant: &str) -> Result<u64, StoreError> {
