@@ -73,6 +73,29 @@ fn tenants_and_keys_are_made_at_run_time_and_kept_across_restarts() {
         send(&s, "GET", "/v1/admin/tenants/initech", ADMIN, None).0,
         404
     );
+    // Names that could alias another's rows are refused, the rule in the message, and
+    // nothing changes: acme's budget for a model is not a tenant's.
+    let before = send(&s, "GET", "/v1/admin/inspect", ADMIN, None).1["buckets"].clone();
+    for (path, field) in [
+        ("/v1/admin/tenants/acme.model.mc", "tenant name"),
+        ("/v1/admin/tenants/a:b", "tenant name"),
+        ("/v1/admin/tenants/a%2Fb", "tenant name"),
+        ("/v1/admin/tenants/a%20b", "tenant name"),
+        ("/v1/admin/groups/org.team", "group name"),
+    ] {
+        let body = json!({"tokens": {"capacity": 5, "refill_per_s": 0}});
+        let (status, answer) = send(&s, "PUT", path, ADMIN, Some(body));
+        assert_eq!(status, 400, "{path} -> {answer}");
+        let text = answer.to_string();
+        assert!(
+            text.contains(field) && text.contains("A-Z, a-z, 0-9"),
+            "{text}"
+        );
+    }
+    assert_eq!(
+        send(&s, "GET", "/v1/admin/inspect", ADMIN, None).1["buckets"],
+        before
+    );
 
     // A new tenant and a caller key for it, through the CLI.
     let (ok, out) = cli(

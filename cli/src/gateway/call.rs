@@ -118,8 +118,7 @@ pub async fn run(s: Shared, call: GatewayCall) -> Response {
                 if let Some(id) = parsed.as_ref().and_then(owned::response_id) {
                     if owned::keeps_response(&call) {
                         // Recorded before the caller can learn the id.
-                        owned::record(&s, &call, sent.served(&call), &sent.deployment, id)
-                            .await;
+                        owned::record(&s, &call, sent.served(&call), &sent.deployment, id).await;
                     }
                 }
                 crate::telemetry::upstream_answered(&span, 200, usage.as_ref());

@@ -27,8 +27,7 @@ const STORED_TIMEOUT_MS: u64 = 30_000;
 /// Whether `call` asks the provider to keep its response (a Responses call whose `store`
 /// is not `false`: OpenAI's default is to keep it).
 pub fn keeps_response(call: &GatewayCall) -> bool {
-    call.dialect == super::Dialect::Responses
-        && call.body.get("store") != Some(&Value::Bool(false))
+    call.dialect == super::Dialect::Responses && call.body.get("store") != Some(&Value::Bool(false))
 }
 
 /// The response id in a Responses answer (`{"id": ...}`) or stream event
@@ -228,7 +227,10 @@ mod tests {
 
     #[test]
     fn ids_are_read_from_answers_and_stream_events() {
-        assert_eq!(response_id(&json!({"id": "resp_1", "object": "response"})), Some("resp_1"));
+        assert_eq!(
+            response_id(&json!({"id": "resp_1", "object": "response"})),
+            Some("resp_1")
+        );
         assert_eq!(
             response_id(&json!({"type": "response.created", "response": {"id": "resp_2"}})),
             Some("resp_2")

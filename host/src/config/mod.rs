@@ -162,6 +162,14 @@ impl Config {
     pub fn from_json(value: &serde_json::Value) -> Result<Config, ConfigError> {
         let input: ConfigInput =
             serde_json::from_value(value.clone()).map_err(|e| ConfigError(e.to_string()))?;
+        // New names follow the rule; names a store kept from an earlier release come in
+        // through `with_written`, which takes them as they are (their rows stay their own).
+        for name in input.tenants.keys() {
+            crate::model::names::check(&format!("tenants.{name}"), name).map_err(ConfigError)?;
+        }
+        for name in input.groups.keys() {
+            crate::model::names::check(&format!("groups.{name}"), name).map_err(ConfigError)?;
+        }
         Config::from_input(input)
     }
 
@@ -637,6 +645,20 @@ mod tests {
     #[test]
     fn unknown_fields_are_errors() {
         assert!(Config::from_json(&json!({"tenants": {"a": {"wieght": 2}}})).is_err());
+        // Names that could alias another's rows, refused with the field and the rule.
+        for (bad, field) in [
+            (
+                json!({"tenants": {"acme.model.mc": {}}}),
+                "tenants.acme.model.mc",
+            ),
+            (json!({"tenants": {"a:b": {}}}), "tenants.a:b"),
+            (json!({"tenants": {"a/b": {}}}), "tenants.a/b"),
+            (json!({"tenants": {"a b": {}}}), "tenants.a b"),
+            (json!({"groups": {"org.x": {}}}), "groups.org.x"),
+        ] {
+            let e = Config::from_json(&bad).unwrap_err().0;
+            assert!(e.starts_with(field) && e.contains("A-Z, a-z, 0-9"), "{e}");
+        }
         assert!(Config::from_json(&json!({"globl": {}})).is_err());
         assert!(Config::from_json(&json!({"global": {"requests": {"cap": 1}}})).is_err());
     }

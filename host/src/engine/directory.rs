@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 const SEEDED: &str = "directory.seeded";
 const FILE_OWNED: &str = "directory.file_owned";
-const GENERATION: &str = "directory.generation";
+pub(super) const GENERATION: &str = "directory.generation";
 /// The groups as written, one JSON object by name.
 const GROUPS: &str = "directory.groups";
 
@@ -526,6 +526,10 @@ impl<S: Store> Engine<S> {
         written: &serde_json::Value,
         now_ms: i64,
     ) -> Result<(), DirectoryError> {
+        // A name from before the rule (kept in an older store) may still be changed.
+        if self.config().tenant(name).is_none() {
+            crate::model::names::check("tenant name", name).map_err(DirectoryError::Invalid)?;
+        }
         let change = |d: &mut Directory, tx: &mut dyn Tx| {
             self.check_not_file_owned(tx, Entry::Tenant(name))?;
             d.tenants.insert(name.to_string(), written.clone());

@@ -16,6 +16,10 @@ impl<S: Store> Engine<S> {
         written: &serde_json::Value,
         now_ms: i64,
     ) -> Result<(), DirectoryError> {
+        // A name from before the rule (kept in an older store) may still be changed.
+        if !self.config().groups.contains_key(name) {
+            crate::model::names::check("group name", name).map_err(DirectoryError::Invalid)?;
+        }
         let change = |d: &mut Directory, tx: &mut dyn Tx| {
             self.check_not_file_owned(tx, Entry::Group(name))?;
             d.groups.insert(name.to_string(), written.clone());

@@ -18,6 +18,8 @@ mod dispatch;
 mod fingerprint;
 mod groups;
 mod housekeeping;
+#[cfg(test)]
+mod isolation;
 mod leases;
 mod owned;
 mod shadow;

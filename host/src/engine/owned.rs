@@ -74,7 +74,9 @@ mod tests {
 
     #[test]
     fn object_ids_are_plain_words() {
-        assert!(valid_object_id("resp_67ccd2bed1ec8190b14f964abc0542670bb6a6b452d3795b"));
+        assert!(valid_object_id(
+            "resp_67ccd2bed1ec8190b14f964abc0542670bb6a6b452d3795b"
+        ));
         for bad in ["", "a/b", "a b", "../x", "x?y", &"a".repeat(257)] {
             assert!(!valid_object_id(bad), "{bad}");
         }

@@ -11,9 +11,7 @@ use crate::bucket;
 use crate::model::{Operation, Priority};
 use crate::spend::SpendRow;
 use crate::store::row_cache::RowCache;
-use crate::store::{
-    record, KeyRole, OwnedObject, Prefetch, QueuedJob, StoreError, StoredKey, Tx,
-};
+use crate::store::{record, KeyRole, OwnedObject, Prefetch, QueuedJob, StoreError, StoredKey, Tx};
 use postgres::{Client, Row, Statement};
 
 /// A transaction open on the connection, with the caches of the batch it belongs to.
@@ -467,7 +465,14 @@ impl Tx for PgTx<'_> {
         self.need(RowLock::object(tenant, &o.kind, &o.id))?;
         self.exec(
             &self.st.put_owned_object,
-            &[&tenant, &o.kind, &o.id, &o.model, &o.deployment, &o.created_ms],
+            &[
+                &tenant,
+                &o.kind,
+                &o.id,
+                &o.model,
+                &o.deployment,
+                &o.created_ms,
+            ],
         )
         .map(drop)
     }

@@ -505,7 +505,14 @@ impl Tx for SqliteTx<'_> {
                  model = excluded.model, deployment = excluded.deployment, \
                  created_ms = excluded.created_ms",
             )?
-            .execute(params![tenant, o.kind, o.id, o.model, o.deployment, o.created_ms])?;
+            .execute(params![
+                tenant,
+                o.kind,
+                o.id,
+                o.model,
+                o.deployment,
+                o.created_ms
+            ])?;
         Ok(())
     }
 
