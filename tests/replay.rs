@@ -4,7 +4,8 @@
 //! and streamed, on SQLite and across two PostgreSQL replicas.
 //!
 //! The replica test needs a PostgreSQL server: `.ci/run` sets `TOLLGATE_TEST_POSTGRES` and
-//! runs it with `--ignored`.
+//! runs it with `--ignored`. So does the test of stored responses across replicas: each is its
+//! tenant's on every replica.
 
 mod common;
 
@@ -14,16 +15,18 @@ use serde_json::{json, Value};
 use std::time::Duration;
 
 const CALLER: &str = "acme-key";
+/// Another tenant's caller key.
+const OTHER: &str = "globex-key";
 const ADMIN: &str = "admin-key";
 const MODEL: &str = "gpt-4o-mini";
 
 fn config(stub: &Stub, replay: bool) -> Value {
     json!({
         "refund_unused_tokens": true,
-        "auth": {"callers": {CALLER: "acme"}, "admins": [ADMIN]},
+        "auth": {"callers": {CALLER: "acme", OTHER: "globex"}, "admins": [ADMIN]},
         "tenant_defaults": {"requests": {"capacity": 1000, "refill_per_s": 0},
                             "tokens": {"capacity": 100000, "refill_per_s": 0}},
-        "tenants": {"acme": {}},
+        "tenants": {"acme": {}, "globex": {}},
         "gateway": {
             "upstreams": {"stub": {"base_url": stub.base_url()}},
             "models": {MODEL: {"upstream": "stub", "tokenizer": "o200k_base"}},
@@ -152,6 +155,56 @@ fn a_repeated_call_is_replayed_by_another_replica() {
     let b = Server::start_on(dir.path(), "b", &config, &db, &[]);
     replayed_once(&stub, &a.base, &b.base, "plain-pg", false);
     replayed_once(&stub, &b.base, &a.base, "stream-pg", true);
+    assert!(a.stop().success());
+    assert!(b.stop().success());
+}
+
+/// `method` on `path` with caller `key`: the status and the body.
+fn send(base: &str, method: &str, path: &str, key: &str, body: Option<Value>) -> (u16, Value) {
+    let r = ureq::request(method, &format!("{base}{path}"))
+        .set("Authorization", &format!("Bearer {key}"))
+        .timeout(Duration::from_secs(30));
+    let r = match body {
+        Some(b) => r.send_string(&b.to_string()),
+        None => r.call(),
+    };
+    let r = match r {
+        Ok(r) | Err(ureq::Error::Status(_, r)) => r,
+        Err(e) => panic!("{method} {path}: {e}"),
+    };
+    let status = r.status();
+    let text = r.into_string().unwrap_or_default();
+    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+}
+
+#[test]
+#[ignore = "needs PostgreSQL: .ci/run sets TOLLGATE_TEST_POSTGRES and runs it with --ignored"]
+fn a_stored_response_is_its_tenants_on_every_replica() {
+    let database = common::pg::Database::create("owned");
+    let db = database.url();
+    let stub = Stub::start();
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(&stub, false);
+    let a = Server::start_on(dir.path(), "a", &config, &db, &[]);
+    let b = Server::start_on(dir.path(), "b", &config, &db, &[]);
+    let made = json!({"model": MODEL, "input": "keep this", "max_output_tokens": 10});
+    let (status, answer) = send(&a.base, "POST", "/v1/responses", CALLER, Some(made));
+    assert_eq!(status, 200, "{answer}");
+    let id = answer["id"].as_str().unwrap().to_string();
+    let path = format!("/v1/responses/{id}");
+    // The other replica knows whose it is.
+    let (status, got) = send(&b.base, "GET", &path, CALLER, None);
+    assert_eq!(
+        (status, got["id"].as_str()),
+        (200, Some(id.as_str())),
+        "{got}"
+    );
+    for base in [&a.base, &b.base] {
+        assert_eq!(send(base, "GET", &path, OTHER, None).0, 404);
+        assert_eq!(send(base, "DELETE", &path, OTHER, None).0, 404);
+    }
+    assert_eq!(send(&b.base, "DELETE", &path, CALLER, None).0, 200);
+    assert_eq!(send(&a.base, "GET", &path, CALLER, None).0, 404);
     assert!(a.stop().success());
     assert!(b.stop().success());
 }
