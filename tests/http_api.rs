@@ -532,3 +532,237 @@ fn instances_made_ahead_and_calls_that_found_them_show_in_metrics() {
         }
     }
 }
+
+/// `POST /v1/admit` asking to wait: its status, `x-tollgate-waited-ms`, its answer and how
+/// long it took.
+fn admit_waiting(base: &str, key: &str, body: &Value) -> (u16, Option<u64>, Value, Duration) {
+    let started = Instant::now();
+    let r = ureq::post(&format!("{base}/v1/admit"))
+        .set("Authorization", &format!("Bearer {key}"))
+        .timeout(Duration::from_secs(30))
+        .send_string(&body.to_string());
+    let r = match r {
+        Ok(r) | Err(ureq::Error::Status(_, r)) => r,
+        Err(e) => panic!("{e}"),
+    };
+    let status = r.status();
+    let waited = r
+        .header("x-tollgate-waited-ms")
+        .and_then(|v| v.parse().ok());
+    let answer = serde_json::from_str(&r.into_string().unwrap()).unwrap();
+    (status, waited, answer, started.elapsed())
+}
+
+/// A call that asks to wait, for `max_wait_ms`, with a deadline `deadline_in_ms` away.
+fn waiting(key: &str, max_wait_ms: u64, deadline_in_ms: i64) -> Value {
+    json!({"key": key, "route": "interactive", "input_tokens": 5, "max_output_tokens": 5,
+           "deadline_ms": now_ms() + deadline_in_ms, "max_wait_ms": max_wait_ms})
+}
+
+/// The calls waiting now, as `/metrics` (with the admin key) counts them in `band`.
+fn waiting_now(s: &Server, band: &str) -> f64 {
+    let (_, _, text) = s.call("GET", "/metrics", Some(ADMIN), None);
+    let text = text.as_str().unwrap_or_default().to_string();
+    series(&text, &format!("tollgate_waiting_calls{{band=\"{band}\"}}")).unwrap_or(-1.0)
+}
+
+/// Waits (up to 5 s) until `/metrics` counts `n` standard calls waiting.
+fn until_waiting(s: &Server, n: f64) {
+    let started = Instant::now();
+    while waiting_now(s, "standard") != n {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "never {n} waiting: {}",
+            waiting_now(s, "standard")
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The waiting room through `POST /v1/admit`: a call that asks to wait for a slot the
+/// global concurrency holds is admitted when it frees (saying how long it waited); one
+/// whose deadline comes first is refused then, `deadline_exceeded`; the bounds refuse with
+/// `queue_full` and their numbers; a caller that hangs up leaves at once and spends nothing;
+/// a call that does not ask, or with `waiting.enabled: false`, is answered at once as before.
+#[test]
+fn calls_that_ask_wait_their_turn_within_their_deadline() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config();
+    c["global"]["concurrency"] = json!(1);
+    c["tenants"]["globex"] = json!({});
+    c["waiting"] = json!({"per_tenant": 2, "total": 3});
+    let s = Server::start(dir.path(), &c);
+    let base = s.base.clone();
+    let complete_by = |key: &str, caller: &str| {
+        let path = format!("/v1/operations/{key}/complete");
+        let (status, _) =
+            common::server::post(&base, &path, caller, &json!({"result": "succeeded"}));
+        assert_eq!(status, 200);
+    };
+    let complete = |key: &str| complete_by(key, CALLER);
+    assert_eq!(s.admit(CALLER, request("hold", "interactive", 5)).0, 200);
+    // Without max_wait_ms: refused at once, as before.
+    let (status, _, answer) = s.admit(CALLER, request("now", "interactive", 5));
+    assert_eq!(
+        (status, answer["reason"].as_str()),
+        (503, Some("global_concurrency"))
+    );
+
+    // Admitted once the slot frees, after waiting.
+    let b = base.clone();
+    let first =
+        std::thread::spawn(move || admit_waiting(&b, CALLER, &waiting("w1", 5_000, 600_000)));
+    until_waiting(&s, 1.0);
+    std::thread::sleep(Duration::from_millis(200));
+    complete("hold");
+    let (status, waited, answer, _) = first.join().unwrap();
+    assert_eq!(
+        (status, answer["outcome"].as_str()),
+        (200, Some("accepted")),
+        "{answer}"
+    );
+    assert!(waited.unwrap() >= 150, "{waited:?}");
+    assert_eq!(answer["waited_ms"].as_u64(), waited);
+
+    // Its deadline comes first: refused at that moment, never admitted to fail.
+    let (status, waited, answer, took) = admit_waiting(&base, CALLER, &waiting("w2", 5_000, 400));
+    assert_eq!(
+        answer["reason"].as_str(),
+        Some("deadline_exceeded"),
+        "{answer}"
+    );
+    assert_eq!(status, 504);
+    assert!(
+        took >= Duration::from_millis(300) && took < Duration::from_secs(3),
+        "{took:?}"
+    );
+    assert!(waited.unwrap() >= 300, "{waited:?}");
+    assert!(
+        answer["message"].as_str().unwrap().contains("waited"),
+        "{answer}"
+    );
+    // A deadline that cannot fit is refused at once.
+    let (_, _, answer, took) = admit_waiting(&base, CALLER, &waiting("w2b", 5_000, 1));
+    assert_eq!(
+        answer["reason"].as_str(),
+        Some("deadline_exceeded"),
+        "{answer}"
+    );
+    assert!(took < Duration::from_millis(300), "{took:?}");
+
+    // The bounds: two of acme's, one of globex's; then queue_full with the numbers.
+    let spawn = |key: &'static str, caller: &'static str| {
+        let b = base.clone();
+        std::thread::spawn(move || admit_waiting(&b, caller, &waiting(key, 20_000, 600_000)))
+    };
+    let w3 = spawn("w3", CALLER);
+    let w4 = spawn("w4", CALLER);
+    until_waiting(&s, 2.0);
+    let (_, _, answer, _) = admit_waiting(&base, CALLER, &waiting("w5", 5_000, 600_000));
+    assert_eq!(answer["reason"].as_str(), Some("queue_full"), "{answer}");
+    assert!(
+        answer["message"]
+            .as_str()
+            .unwrap()
+            .contains("waiting.per_tenant 2"),
+        "{answer}"
+    );
+    let w6 = spawn("w6", OTHER_CALLER);
+    until_waiting(&s, 3.0);
+    let (_, _, answer, _) = admit_waiting(&base, OTHER_CALLER, &waiting("w7", 5_000, 600_000));
+    assert_eq!(answer["reason"].as_str(), Some("queue_full"), "{answer}");
+    assert!(
+        answer["message"]
+            .as_str()
+            .unwrap()
+            .contains("waiting.total"),
+        "{answer}"
+    );
+
+    // Each slot that frees admits one waiting call: acme's in arrival order.
+    let mut holder = ("w1".to_string(), CALLER);
+    for left in [2.0, 1.0, 0.0] {
+        complete_by(&holder.0, holder.1);
+        until_waiting(&s, left);
+        let (_, _, view) = s.call(
+            "GET",
+            "/v1/admin/operations?state=active",
+            Some(ADMIN),
+            None,
+        );
+        let active: Vec<(String, &str)> = view["operations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|o| {
+                let caller = if o["tenant"] == "acme" {
+                    CALLER
+                } else {
+                    OTHER_CALLER
+                };
+                (o["key"].as_str().unwrap().to_string(), caller)
+            })
+            .collect();
+        assert_eq!(active.len(), 1, "{view}");
+        holder = active[0].clone();
+    }
+    let answers = [w3.join().unwrap(), w4.join().unwrap(), w6.join().unwrap()];
+    for (status, waited, answer, _) in &answers {
+        assert_eq!(*status, 200, "{answer}");
+        assert!(waited.is_some());
+    }
+
+    // A caller that hangs up leaves the room at once, having spent nothing.
+    let globex_requests = |s: &Server| {
+        let (_, _, view) = s.call("GET", "/v1/admin/inspect", Some(ADMIN), None);
+        view["buckets"]["tenant.globex.requests"].as_i64().unwrap()
+    };
+    let before = globex_requests(&s);
+    let body = waiting("gone-1", 20_000, 600_000).to_string();
+    let mut stream = TcpStream::connect(base.trim_start_matches("http://")).unwrap();
+    write!(
+        stream,
+        "POST /v1/admit HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {OTHER_CALLER}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    until_waiting(&s, 1.0);
+    drop(stream);
+    until_waiting(&s, 0.0);
+    complete_by(&holder.0, holder.1);
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(globex_requests(&s), before);
+    let (status, _, _) = s.call("GET", "/v1/operations/gone-1", Some(OTHER_CALLER), None);
+    assert_eq!(status, 404, "never admitted");
+    let (_, _, text) = s.call("GET", "/metrics", Some(ADMIN), None);
+    let text = text.as_str().unwrap_or_default().to_string();
+    assert_eq!(
+        series(&text, "tollgate_wait_seconds_count{outcome=\"gone\"}"),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        series(&text, "tollgate_wait_seconds_count{outcome=\"deadline\"}"),
+        Some(2.0)
+    );
+    assert_eq!(
+        series(&text, "tollgate_wait_seconds_count{outcome=\"admitted\"}"),
+        Some(4.0)
+    );
+    drop(s);
+
+    // waiting.enabled: false answers at once, as before.
+    let dir = tempfile::tempdir().unwrap();
+    c["waiting"] = json!({"enabled": false});
+    let s = Server::start(dir.path(), &c);
+    assert_eq!(s.admit(CALLER, request("hold", "interactive", 5)).0, 200);
+    let (status, waited, answer, took) =
+        admit_waiting(&s.base, CALLER, &waiting("w1", 5_000, 600_000));
+    assert_eq!(
+        (status, answer["reason"].as_str()),
+        (503, Some("global_concurrency")),
+        "{answer}"
+    );
+    assert_eq!(waited, None);
+    assert!(took < Duration::from_millis(500), "{took:?}");
+}

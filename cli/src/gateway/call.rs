@@ -187,11 +187,24 @@ async fn admit(
     call: &GatewayCall,
 ) -> Result<(Decision, Option<TenantLevels>), openai::ApiError> {
     let span = crate::telemetry::admission(&call.request);
-    let admitted = s
-        .writer
-        .admit_with_levels(call.request.clone(), s.clock.now_ms())
-        .instrument(span.clone())
-        .await;
+    let waiting = s.engine.config().waiting;
+    let (request, now) = (call.request.clone(), s.clock.now_ms());
+    let admitted = if waiting.enabled {
+        let wait = s
+            .writer
+            .admit_with_levels_waiting(request, now, waiting.max_wait_ms);
+        let wait_span = crate::telemetry::wait(&span);
+        let answer = wait.instrument(wait_span.clone()).await;
+        if let Ok((d, _)) = &answer {
+            crate::telemetry::waited(&wait_span, d.waited_ms);
+        }
+        answer
+    } else {
+        s.writer
+            .admit_with_levels(request, now)
+            .instrument(span.clone())
+            .await
+    };
     match admitted {
         Ok((d, levels)) => {
             crate::telemetry::decided(&span, &d);
@@ -388,8 +401,12 @@ fn refusal(d: &Decision, levels: Option<&TenantLevels>) -> Response {
     if let Some(m) = &d.policy_message {
         extra.insert("policy_message".into(), json!(m));
     }
+    if let Some(ms) = d.waited_ms {
+        extra.insert("waited_ms".into(), json!(ms));
+    }
     let mut response = openai::error_with(status, code, &message, extra);
     let headers = response.headers_mut();
+    mark_waited(headers, d);
     if let Some(l) = levels {
         openai::rate_limit_headers(headers, l);
     }
@@ -430,8 +447,16 @@ fn passed_on(status: StatusCode, body: Bytes, levels: Option<&TenantLevels>) -> 
     response
 }
 
+/// `x-tollgate-waited-ms`, when the call waited in the waiting room.
+fn mark_waited(headers: &mut HeaderMap, decision: &Decision) {
+    if let Some(ms) = decision.waited_ms {
+        headers.insert("x-tollgate-waited-ms", HeaderValue::from(ms));
+    }
+}
+
 /// Rate-limit headers and the degraded mark on a successful answer.
 fn decorate(response: &mut Response, levels: Option<&TenantLevels>, decision: &Decision) {
+    mark_waited(response.headers_mut(), decision);
     if let Some(l) = levels {
         openai::rate_limit_headers(response.headers_mut(), l);
     }

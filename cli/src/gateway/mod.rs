@@ -72,6 +72,19 @@ pub struct Gateway {
     replay: Option<replay::Replay>,
 }
 
+/// The timeout an official SDK sends with every request, in ms: `x-stainless-read-timeout`
+/// (OpenAI's) or `x-stainless-timeout` (Anthropic's), in seconds; `None` when neither is
+/// there or readable.
+fn sdk_timeout_ms(headers: &HeaderMap) -> Option<u64> {
+    ["x-stainless-read-timeout", "x-stainless-timeout"]
+        .iter()
+        .find_map(|name| {
+            let s: f64 = headers.get(*name)?.to_str().ok()?.trim().parse().ok()?;
+            (s.is_finite() && s > 0.0)
+                .then(|| ((s * 1000.0).ceil() as u64).clamp(1, MAX_TIMEOUT_MS))
+        })
+}
+
 /// Longest `x-tollgate-timeout-ms` a caller may ask for: one day.
 const MAX_TIMEOUT_MS: u64 = 86_400_000;
 /// Largest answer read whole from an upstream (a plain, non-streamed answer).
@@ -337,7 +350,8 @@ async fn read_call(
         },
     };
     let timeout_ms = match headers.get("x-tollgate-timeout-ms") {
-        None => g.default_timeout_ms,
+        // The SDK's own timeout, in seconds, when it sends one.
+        None => sdk_timeout_ms(headers).unwrap_or(g.default_timeout_ms),
         Some(v) => match v.to_str().ok().and_then(|t| t.trim().parse::<u64>().ok()) {
             Some(ms @ 1..=MAX_TIMEOUT_MS) => ms,
             _ => {

@@ -65,6 +65,12 @@ pub struct Metrics {
     pub retention_deleted: prometheus::IntCounter,
     /// Writer batches the store could not write, by why (`disk_full`, `unreachable`).
     pub store_write_failures: IntCounterVec,
+    /// Calls in the waiting room now, by band.
+    pub waiting_calls: GaugeVec,
+    /// Calls in the waiting room now, by tenant (with the admin key only).
+    pub waiting_tenant_calls: GaugeVec,
+    /// How long calls waited in the waiting room, by how they left it.
+    pub wait_seconds: HistogramVec,
 }
 
 impl Metrics {
@@ -114,6 +120,22 @@ impl Metrics {
             "tollgate_queue_oldest_age_seconds",
             "How long each tenant's oldest queued job has waited (0 when none waits)",
             &["tenant"],
+        );
+        let waiting_calls = gauges(
+            "tollgate_waiting_calls",
+            "Calls waiting in the waiting room, by band",
+            &["band"],
+        );
+        let waiting_tenant_calls = gauges(
+            "tollgate_waiting_tenant_calls",
+            "Calls waiting in the waiting room, by tenant",
+            &["tenant"],
+        );
+        let wait_seconds = histograms(
+            "tollgate_wait_seconds",
+            "How long calls waited in the waiting room, by how they left it (admitted, deadline, max_wait, gone, queue_full)",
+            &["outcome"],
+            &[0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0],
         );
         let deployment_state = gauges(
             "tollgate_deployment_state",
@@ -243,6 +265,9 @@ impl Metrics {
             Box::new(slots.clone()),
             Box::new(queues.clone()),
             Box::new(queue_age.clone()),
+            Box::new(waiting_calls.clone()),
+            Box::new(waiting_tenant_calls.clone()),
+            Box::new(wait_seconds.clone()),
             Box::new(deployment_state.clone()),
             Box::new(deployment_limit.clone()),
             Box::new(policy_calls.clone()),
@@ -284,6 +309,9 @@ impl Metrics {
             abandoned,
             retention_deleted,
             store_write_failures,
+            waiting_calls,
+            waiting_tenant_calls,
+            wait_seconds,
         }
     }
 
@@ -363,6 +391,12 @@ impl tollgate::writer::WriterObserver for Metrics {
         self.store_write_failures
             .with_label_values(&[trouble.kind])
             .inc();
+    }
+
+    fn waited(&self, outcome: &'static str, waited: std::time::Duration) {
+        self.wait_seconds
+            .with_label_values(&[outcome])
+            .observe(waited.as_secs_f64());
     }
 
     fn traced(&self, span: &tracing::Span, stamps: &tollgate::writer::Stamps) {

@@ -372,6 +372,30 @@ pub(super) async fn refresh_levels(s: &AppState) -> Result<(), Refusal> {
             }
         }
     }
+    // The waiting rooms, every shard's.
+    let mut bands = [0usize; 3];
+    let mut tenants = std::collections::BTreeMap::<String, usize>::new();
+    for shard in s.writer.waiting() {
+        for (i, n) in shard.by_band().iter().enumerate() {
+            bands[i] += n;
+        }
+        for (t, n) in shard.by_tenant() {
+            *tenants.entry(t).or_default() += n;
+        }
+    }
+    for (band, n) in tollgate::model::Priority::BANDS.iter().zip(bands) {
+        s.metrics
+            .waiting_calls
+            .with_label_values(&[band.as_str()])
+            .set(n as f64);
+    }
+    s.metrics.waiting_tenant_calls.reset();
+    for (t, n) in &tenants {
+        s.metrics
+            .waiting_tenant_calls
+            .with_label_values(&[t.as_str()])
+            .set(*n as f64);
+    }
     s.metrics
         .log_lines_dropped
         .set(tollgate::runtime::log_lines_dropped() as i64);

@@ -55,6 +55,20 @@ pub(super) async fn admit(
         Some(Value::String(t)) if *t == tenant => {}
         Some(_) => return Err(refuse(Rejection::Forbidden)),
     }
+    // How long the caller lets the call wait in the waiting room (none: answered now).
+    let max_wait_ms = match obj.remove("max_wait_ms") {
+        None => None,
+        Some(v) => match v.as_u64() {
+            Some(ms) => Some(ms),
+            None => {
+                let e = validate::RequestError::Invalid {
+                    field: "max_wait_ms".into(),
+                    problem: "must be a whole number of milliseconds, 0 or more".into(),
+                };
+                return Err(refuse_for_request(&e));
+            }
+        },
+    };
     let mut request = match validate::parse(&Value::Object(obj), &s.engine.config()) {
         Ok(r) => r,
         Err(e) => {
@@ -67,12 +81,24 @@ pub(super) async fn admit(
     };
     let span = crate::telemetry::admission(&request);
     crate::telemetry::durable_context(&mut request, &span);
-    let d = s
-        .writer
-        .admit(request, s.clock.now_ms())
-        .instrument(span.clone())
-        .await
-        .map_err(store_refusal)?;
+    let waiting = s.engine.config().waiting;
+    let now = s.clock.now_ms();
+    let d = match max_wait_ms.filter(|ms| waiting.enabled && *ms > 0) {
+        Some(ms) => {
+            let wait_span = crate::telemetry::wait(&span);
+            let d = s
+                .writer
+                .admit_waiting(request, now, ms)
+                .instrument(wait_span.clone())
+                .await;
+            if let Ok(d) = &d {
+                crate::telemetry::waited(&wait_span, d.waited_ms);
+            }
+            d
+        }
+        None => s.writer.admit(request, now).instrument(span.clone()).await,
+    }
+    .map_err(store_refusal)?;
     crate::telemetry::decided(&span, &d);
     let reason = d.reason.map_or("", Reason::as_str);
     s.metrics
@@ -81,7 +107,13 @@ pub(super) async fn admit(
         .inc();
     tracing::info!(tenant = %tenant, outcome = d.outcome.as_str(), reason, policy = d.policy.as_deref().unwrap_or(""), "decision");
     let status = StatusCode::from_u16(d.http).unwrap_or(StatusCode::OK);
-    Ok(with_retry_after(status, &d, d.retry_after_ms))
+    let mut response = with_retry_after(status, &d, d.retry_after_ms);
+    if let Some(ms) = d.waited_ms {
+        response
+            .headers_mut()
+            .insert("x-tollgate-waited-ms", axum::http::HeaderValue::from(ms));
+    }
+    Ok(response)
 }
 
 #[derive(Deserialize)]

@@ -108,6 +108,22 @@ pub fn server_span(
     span
 }
 
+/// The span of an admission that may wait in the waiting room, a child of its admission's:
+/// from the admission's start to its answer, `tollgate.waited_ms` recorded by [`waited`].
+pub fn wait(admission: &Span) -> Span {
+    tracing::info_span!(
+        target: TARGET,
+        parent: admission,
+        "tollgate.wait",
+        "tollgate.waited_ms" = Empty,
+    )
+}
+
+/// Records how long the call waited on its `tollgate.wait` span.
+pub fn waited(span: &Span, waited_ms: Option<u64>) {
+    span.record("tollgate.waited_ms", waited_ms.unwrap_or(0));
+}
+
 /// The span of one admission (the writer's steps become its children).
 pub fn admission(request: &Request) -> Span {
     let span = tracing::info_span!(

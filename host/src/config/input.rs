@@ -43,6 +43,27 @@ pub(crate) struct TenantOverlay {
     /// The group (of the `groups` section) whose budgets the tenant's calls draw on too.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) group: Option<String>,
+    /// The tenant's own bound on its waiting calls.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) waiting: Option<TenantWaitingInput>,
+}
+
+/// A tenant's `waiting` section.
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct TenantWaitingInput {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) per_tenant: Option<u32>,
+}
+
+/// The top-level `waiting` section: the waiting room of interactive calls.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct WaitingInput {
+    pub(crate) enabled: Option<bool>,
+    pub(crate) max_wait_ms: Option<u64>,
+    pub(crate) per_tenant: Option<u32>,
+    pub(crate) total: Option<u32>,
 }
 
 /// A tenant's budget for one model.
@@ -114,6 +135,7 @@ pub(crate) struct ConfigInput {
     pub(crate) limits: LimitsInput,
     pub(crate) retention: RetentionInput,
     pub(crate) scheduler: SchedulerInput,
+    pub(crate) waiting: WaitingInput,
     pub(crate) policy_params: BTreeMap<String, serde_json::Value>,
     pub(crate) models: Option<BTreeMap<String, ModelConfig>>,
     pub(crate) groups: BTreeMap<String, groups::GroupInput>,

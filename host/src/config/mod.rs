@@ -66,7 +66,48 @@ pub struct TenantConfig {
     pub cost_microusd: Option<BucketConfig>,
     /// The tenant's group, whose budgets and its ancestors' its calls draw on too.
     pub group: Option<String>,
+    /// Most calls of the tenant waiting at once (`None`: `waiting.per_tenant`).
+    pub waiting_per_tenant: Option<u32>,
 }
+
+/// The waiting room (`waiting`): interactive calls refused only by shared capacity that
+/// frees by itself wait for it, within their deadline, in a fair order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WaitingConfig {
+    /// Whether gateway calls wait (a `POST /v1/admit` waits only when it asks).
+    pub enabled: bool,
+    /// The longest a call waits, whatever its deadline.
+    pub max_wait_ms: u64,
+    /// Most calls of one tenant waiting at once (a tenant's `waiting.per_tenant` overrides).
+    pub per_tenant: u32,
+    /// Most calls waiting at once in all.
+    pub total: u32,
+}
+
+impl Default for WaitingConfig {
+    fn default() -> Self {
+        WaitingConfig {
+            enabled: true,
+            max_wait_ms: 30_000,
+            per_tenant: 64,
+            total: 4096,
+        }
+    }
+}
+
+impl WaitingConfig {
+    /// Most calls of `tenant` waiting at once.
+    pub fn per_tenant_of(&self, tenant: Option<&TenantConfig>) -> u32 {
+        tenant
+            .and_then(|t| t.waiting_per_tenant)
+            .unwrap_or(self.per_tenant)
+    }
+}
+
+/// The longest `waiting.max_wait_ms`: ten minutes.
+pub const MAX_WAIT_MS: u64 = 600_000;
+/// The largest `waiting.total` (and `per_tenant`): each waiter holds a connection.
+pub const MAX_WAITERS: u32 = 1_000_000;
 
 /// The effective configuration, every default applied and every value checked.
 #[derive(Clone, Debug)]
@@ -112,6 +153,8 @@ pub struct Config {
     pub saved_answers_max_bytes: u64,
     /// How dispatch shares claims between tenants.
     pub discipline: Discipline,
+    /// The waiting room of interactive calls.
+    pub waiting: WaitingConfig,
     /// Tokens a `drr_tokens` turn adds, times the tenant's weight.
     pub quantum_tokens: u64,
     /// Unfinished claims one worker may hold.
@@ -183,6 +226,7 @@ impl Config {
             models: BTreeMap::new(),
             cost_microusd: None,
             group: None,
+            waiting_per_tenant: None,
         };
         let defaults = overlay(&base_tenant, &input.tenant_defaults, "tenant_defaults")?;
         let mut tenants = BTreeMap::new();
@@ -289,6 +333,7 @@ impl Config {
                 "retention.owned_objects_days",
             )?,
             discipline: input.scheduler.discipline.unwrap_or(Discipline::Wrr),
+            waiting: waiting(&input.waiting)?,
             quantum_tokens: input.scheduler.quantum_tokens.unwrap_or(1000),
             max_claims_per_worker: input.scheduler.max_claims_per_worker.unwrap_or(4),
             policy_params,
@@ -514,6 +559,38 @@ fn overlay(
             None => base.models.clone(),
         },
         cost_microusd: o.cost_microusd.or(base.cost_microusd),
+        waiting_per_tenant: match o.waiting.and_then(|w| w.per_tenant) {
+            Some(n) if n > MAX_WAITERS => {
+                return Err(ConfigError(format!(
+                    "{field}.waiting.per_tenant must be at most {MAX_WAITERS}"
+                )))
+            }
+            Some(n) => Some(n),
+            None => base.waiting_per_tenant,
+        },
+    })
+}
+
+/// The `waiting` section, checked: every field named when out of its bounds.
+fn waiting(w: &input::WaitingInput) -> Result<WaitingConfig, ConfigError> {
+    let d = WaitingConfig::default();
+    let max_wait_ms = w.max_wait_ms.unwrap_or(d.max_wait_ms);
+    if max_wait_ms > MAX_WAIT_MS {
+        return Err(ConfigError(format!(
+            "waiting.max_wait_ms must be at most {MAX_WAIT_MS} (ten minutes)"
+        )));
+    }
+    let bound = |v: Option<u32>, default: u32, field: &str| match v.unwrap_or(default) {
+        n if n > MAX_WAITERS => Err(ConfigError(format!(
+            "waiting.{field} must be at most {MAX_WAITERS}"
+        ))),
+        n => Ok(n),
+    };
+    Ok(WaitingConfig {
+        enabled: w.enabled.unwrap_or(d.enabled),
+        max_wait_ms,
+        per_tenant: bound(w.per_tenant, d.per_tenant, "per_tenant")?,
+        total: bound(w.total, d.total, "total")?,
     })
 }
 

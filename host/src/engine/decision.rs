@@ -61,6 +61,9 @@ pub struct Decision {
     /// The model that serves the call when it is not the one asked for (a fallback).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub served_model: Option<String>,
+    /// How long the call waited in the waiting room before this answer, when it waited.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub waited_ms: Option<u64>,
 }
 
 impl Decision {
@@ -84,6 +87,7 @@ impl Decision {
             policy: None,
             deployment: None,
             served_model: None,
+            waited_ms: None,
         }
     }
 
@@ -153,6 +157,7 @@ impl Decision {
             policy_message: None,
             deployment: op.deployment.clone(),
             served_model: op.asked_model.as_ref().and(op.model.clone()),
+            waited_ms: None,
         }
     }
 

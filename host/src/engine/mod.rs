@@ -25,6 +25,7 @@ mod owned;
 mod shadow;
 mod stored_policy;
 mod swap;
+mod waiting;
 
 pub(crate) use batch::{Answer, Job};
 pub use batch::{Answers, Batch, Ticket};
@@ -41,6 +42,7 @@ pub use owned::{valid_object_id, MAX_OBJECT_ID_BYTES};
 pub use shadow::{Disagreement, OutcomePair, PlanShape, ShadowReport, RECENT_DISAGREEMENTS};
 pub use stored_policy::Adopted;
 pub use swap::{NoVerifier, PolicyIdentity, SwapError, Verifier};
+pub use waiting::{estimated_exec_ms, frees_at, give_up_at, waits_for, Full, Waiter, WaitingRoom};
 
 use crate::alerts::Alert;
 use crate::config::Config;

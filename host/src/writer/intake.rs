@@ -29,6 +29,8 @@ struct Lanes<T> {
     turns: VecDeque<Lane>,
     senders: usize,
     writer_waits: bool,
+    /// Set by [`Intake::wake`]: the receiver's next wait ends at once.
+    woken: bool,
 }
 
 /// Sending was refused: the receiver is gone.
@@ -44,6 +46,7 @@ impl<T> Intake<T> {
                 turns: VecDeque::new(),
                 senders: 1,
                 writer_waits: false,
+                woken: false,
             }),
             arrived: Condvar::new(),
             room: Semaphore::new(bound.max(1)),
@@ -81,6 +84,9 @@ impl<T> Intake<T> {
             if lanes.senders == 0 {
                 return None;
             }
+            if std::mem::take(&mut lanes.woken) {
+                return Some(Vec::new());
+            }
             let left = until.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return Some(Vec::new());
@@ -112,6 +118,13 @@ impl<T> Intake<T> {
         drop(lanes);
         self.room.add_permits(taken.len());
         Some(taken)
+    }
+
+    /// Ends the receiver's wait at once (with no jobs), or its next one: something it
+    /// keeps besides the intake needs a look (a waiting call's caller left).
+    pub fn wake(&self) {
+        self.lock().woken = true;
+        self.arrived.notify_one();
     }
 
     /// One more sender: the receiver keeps waiting until every sender has left.

@@ -14,8 +14,10 @@
 mod health;
 mod intake;
 mod shard;
+mod waiting;
 
 pub use health::{StoreHealth, Trouble};
+pub use waiting::WaitingStats;
 
 use crate::engine::{
     Answer, Completion, CompletionAnswer, Decision, DispatchAnswer, Engine, Inspection, Job,
@@ -100,6 +102,13 @@ pub trait WriterObserver: Send + Sync + 'static {
     fn traced(&self, span: &tracing::Span, stamps: &Stamps) {
         let _ = (span, stamps);
     }
+
+    /// A call left the waiting room after `waited`: `admitted` (tried again and answered),
+    /// `deadline` or `max_wait` (its time came), `gone` (its caller left) or `queue_full`
+    /// (the room's bounds refused it).
+    fn waited(&self, outcome: &'static str, waited: Duration) {
+        let _ = (outcome, waited);
+    }
 }
 
 /// One traced job's way through the writer.
@@ -128,6 +137,8 @@ struct Reply {
     runtime: Option<Handle>,
     /// The submitter's span and when it submitted, when that span is enabled (traced).
     traced: Option<(tracing::Span, Instant)>,
+    /// For an admission that may wait in the waiting room: the longest wait, in ms.
+    wait: Option<u64>,
 }
 
 /// The handle callers submit work through; clone it freely. The writer finishes (and
@@ -140,6 +151,7 @@ pub struct Writer {
 struct Shard {
     intake: Arc<shard::Intake>,
     health: Arc<StoreHealth>,
+    waiting: Arc<WaitingStats>,
 }
 
 impl Clone for Writer {
@@ -209,6 +221,7 @@ impl Writer {
     ) -> (Writer, JoinHandle<()>) {
         assert!(!engines.is_empty(), "a writer needs an engine");
         let bound = QUEUE_BOUND.max(submitters.saturating_add(SPARE_ROOM));
+        let count = engines.len();
         let mut shards: Vec<Shard> = Vec::with_capacity(engines.len());
         let mut threads = Vec::with_capacity(engines.len());
         for (i, engine) in engines.into_iter().enumerate() {
@@ -225,12 +238,19 @@ impl Writer {
                 _ => Arc::new(StoreHealth::default()),
             };
             let (taken, found, observer) = (intake.clone(), health.clone(), observer.clone());
+            let waiting = Arc::new(WaitingStats::default());
+            let room =
+                waiting::Waiting::new(engine.clone(), intake.clone(), waiting.clone(), count);
             let thread = std::thread::Builder::new()
                 .name(WRITER_THREAD.into())
-                .spawn(move || shard::run(engine, taken, found, observer, sweeps))
+                .spawn(move || shard::run(engine, taken, found, observer, sweeps, room))
                 .expect("spawn the writer thread");
             threads.push(thread);
-            shards.push(Shard { intake, health });
+            shards.push(Shard {
+                intake,
+                health,
+                waiting,
+            });
         }
         let handle = if threads.len() == 1 {
             threads.pop().expect("one thread")
@@ -266,14 +286,26 @@ impl Writer {
         self.shards.len()
     }
 
+    /// What waits in each shard's waiting room now.
+    pub fn waiting(&self) -> Vec<Arc<WaitingStats>> {
+        self.shards.iter().map(|s| s.waiting.clone()).collect()
+    }
+
     /// Submits one job and waits for its committed answer.
     async fn submit(&self, job: Job) -> Result<Answer, Failure> {
+        self.submit_waiting(job, None).await
+    }
+
+    /// As [`Writer::submit`]; an admission with `wait` may wait in the waiting room that
+    /// long at most.
+    async fn submit_waiting(&self, job: Job, wait: Option<u64>) -> Result<Answer, Failure> {
         let (to, answer) = oneshot::channel();
         let span = tracing::Span::current();
         let reply = Reply {
             to,
             runtime: Handle::try_current().ok(),
             traced: (!span.is_disabled()).then(|| (span, Instant::now())),
+            wait,
         };
         let lane = job.tenant().map(str::to_string);
         let shard = match &lane {
@@ -310,6 +342,36 @@ impl Writer {
             .submit(Job::AdmitWithLevels { request, now_ms })
             .await?
         {
+            Answer::DecisionWithLevels(d, levels) => Ok((d, levels)),
+            other => Err(out_of_turn(other)),
+        }
+    }
+
+    /// As [`Writer::admit`]; refused only by shared capacity that frees by itself, the call
+    /// waits for it in the waiting room, at most `max_wait_ms` (and `waiting.max_wait_ms`)
+    /// and never past its deadline less its estimated execution, and is answered then.
+    pub async fn admit_waiting(
+        &self,
+        request: Request,
+        now_ms: i64,
+        max_wait_ms: u64,
+    ) -> Result<Decision, Failure> {
+        let job = Job::Admit { request, now_ms };
+        match self.submit_waiting(job, Some(max_wait_ms)).await? {
+            Answer::Decision(d) => Ok(d),
+            other => Err(out_of_turn(other)),
+        }
+    }
+
+    /// As [`Writer::admit_with_levels`], waiting as [`Writer::admit_waiting`] does.
+    pub async fn admit_with_levels_waiting(
+        &self,
+        request: Request,
+        now_ms: i64,
+        max_wait_ms: u64,
+    ) -> Result<(Decision, Option<TenantLevels>), Failure> {
+        let job = Job::AdmitWithLevels { request, now_ms };
+        match self.submit_waiting(job, Some(max_wait_ms)).await? {
             Answer::DecisionWithLevels(d, levels) => Ok((d, levels)),
             other => Err(out_of_turn(other)),
         }

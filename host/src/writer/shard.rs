@@ -1,8 +1,10 @@
 //! One shard of the writer: a thread that takes batches from its intake, runs each in one
 //! store transaction on its engine (group commit), answers the batch's jobs once it
-//! committed, and keeps its engine between batches (housekeeping, and probing a store that
+//! committed (or lets those that may wait do so, see `waiting`), and keeps its engine
+//! between batches (housekeeping, the waiting room's timers, and probing a store that
 //! cannot write).
 
+use super::waiting::Waiting;
 use super::{Answer, Failure, Reply, Stamps, StoreHealth, Trouble, WriterObserver, MAX_BATCH};
 use crate::engine::{Engine, Job, JobTimes};
 use crate::maintenance::{self, Maintenance};
@@ -32,14 +34,20 @@ pub(super) fn run<S: Store>(
     found: Arc<StoreHealth>,
     observer: Arc<dyn WriterObserver>,
     sweeps: bool,
+    mut waiting: Waiting<S>,
 ) {
     let _close = CloseOnExit(&taken);
     let mut housekeeping = Maintenance::new(engine.clone(), observer.clone());
     if !sweeps {
         housekeeping = housekeeping.without_sweeps();
     }
-    while let Some(batch) = taken.take(MAX_BATCH, maintenance::SYNC_EVERY) {
+    while let Some(batch) = taken.take(MAX_BATCH, waiting.idle(maintenance::SYNC_EVERY)) {
         housekeeping.run_due();
+        waiting.drop_gone(&observer);
+        if batch.is_empty() || waiting.looks_with_others() {
+            // A timer of the waiting room, or capacity freed by other shards or replicas.
+            waiting.serve(waiting.looks_with_others(), &observer);
+        }
         if batch.is_empty() {
             // Idle while the store cannot write: a probe finds when it can.
             if found.probe_due(std::time::Instant::now()) {
@@ -59,6 +67,13 @@ pub(super) fn run<S: Store>(
         // Replicas on a shared store all use its clock, read in the batch's
         // transaction, so that skewed machine clocks cannot mint credits.
         let (jobs, replies): (Vec<Job>, Vec<Reply>) = batch.into_iter().unzip();
+        // A call that may wait does not pass those waiting for its model.
+        let (jobs, replies) = waiting.hold_back(jobs, replies, &observer);
+        if jobs.is_empty() {
+            waiting.serve(false, &observer);
+            continue;
+        }
+        let frees = jobs.iter().any(frees_capacity);
         let started = Instant::now();
         let mut times = Vec::new();
         let result = if replies.iter().any(|r| r.traced.is_some()) {
@@ -90,15 +105,37 @@ pub(super) fn run<S: Store>(
                 .collect(),
             Err(e) => replies.iter().map(|_| Err(Failure::of(&e))).collect(),
         };
+        // Refusals that may wait go to the waiting room instead of their callers.
+        let mut replies: Vec<Option<Reply>> = replies.into_iter().map(Some).collect();
+        let mut answers: Vec<Option<Result<Answer, Failure>>> =
+            answers.into_iter().map(Some).collect();
+        let parked = waiting.park_refused(&jobs, &mut replies, &mut answers, &observer);
+        let (mut kept_replies, mut kept_answers, mut kept_times) = (vec![], vec![], vec![]);
+        for (i, (reply, answer)) in replies.into_iter().zip(answers).enumerate() {
+            if let (Some(reply), Some(answer)) = (reply, answer) {
+                kept_replies.push(reply);
+                kept_answers.push(answer);
+                kept_times.push(times.get(i).copied().flatten());
+            }
+        }
         let batch = BatchTimes {
             started,
             ended,
-            jobs: times,
+            jobs: kept_times,
         };
-        deliver(replies, answers, &batch, &observer);
+        deliver(kept_replies, kept_answers, &batch, &observer);
+        if frees || parked {
+            waiting.serve(frees, &observer);
+        }
     }
     // A replica that stops gives its unused leases to the others at once.
     housekeeping.stop_leases();
+}
+
+/// Whether a job can free what waiting calls wait for: an attempt's end releases its slots
+/// and may refund tokens.
+fn frees_capacity(job: &Job) -> bool {
+    matches!(job, Job::Complete { .. } | Job::Reconcile { .. })
 }
 
 /// When a batch ran, and each of its jobs when it was timed.

@@ -1,0 +1,513 @@
+//! A shard's waiting room. An admission that may wait (a gateway call; a `POST /v1/admit`
+//! that asks with `max_wait_ms`) and is refused only by shared capacity that frees by itself
+//! ([`waits_for`]) is kept here with its reply instead of being answered. The room's calls
+//! are tried again, in its fair order, when something may have freed: a batch that
+//! completed or reconciled a call, a bucket's refill or a pause's end (a timer at that
+//! instant), and, where other shards or replicas free what they share, each time the shard
+//! looks for their changes. A call is answered once admitted, or refused once its deadline
+//! (less its estimated execution) or the longest wait comes; one whose caller left is
+//! dropped at once, having spent nothing. A call that may wait does not pass those waiting
+//! for the same model: it waits behind them.
+
+use super::shard::Intake;
+use super::{Answer, Failure, Reply, WriterObserver};
+use crate::engine::{
+    estimated_exec_ms, frees_at, give_up_at, waits_for, Decision, Engine, Job, TenantLevels,
+    Waiter, WaitingRoom,
+};
+use crate::model::Route;
+use crate::reason::Reason;
+use crate::store::Store;
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::Poll;
+use std::time::Duration;
+use tokio::sync::oneshot;
+
+/// Most calls tried in one round.
+const MOST_PER_ROUND: usize = 64;
+/// Most rounds at one look: each round after the first only follows admissions.
+const MOST_ROUNDS: usize = 16;
+
+/// A call that could not wait: its job, its reply, and the answer to give it instead.
+type NotParked = (Job, Reply, Result<Answer, Failure>);
+
+/// What waits with a call: its job, where its answer goes, and the tenant's levels with
+/// its latest refusal (for the rate-limit headers of a refusal after waiting).
+pub(super) struct Parked {
+    job: Job,
+    reply: Reply,
+    levels: Option<TenantLevels>,
+}
+
+/// What the writer shows of one shard's waiting room.
+#[derive(Debug, Default)]
+pub struct WaitingStats {
+    by_band: [AtomicUsize; 3],
+    by_tenant: Mutex<BTreeMap<String, usize>>,
+}
+
+impl WaitingStats {
+    /// Calls waiting in each band (critical, standard, sheddable).
+    pub fn by_band(&self) -> [usize; 3] {
+        [0, 1, 2].map(|i| self.by_band[i].load(Ordering::Relaxed))
+    }
+
+    /// Calls waiting for each tenant that has any.
+    pub fn by_tenant(&self) -> BTreeMap<String, usize> {
+        self.by_tenant
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+}
+
+/// The shard's room, and what it needs to answer from it.
+pub(super) struct Waiting<S: Store> {
+    engine: Arc<Engine<S>>,
+    room: WaitingRoom<Parked>,
+    /// Waiters whose callers left, told by their replies' watchers.
+    gone: Arc<Mutex<Vec<u64>>>,
+    intake: Arc<Intake>,
+    stats: Arc<WaitingStats>,
+    /// How many shards share `waiting.total`.
+    shards: usize,
+    /// Whether capacity this shard waits for can be freed elsewhere (other shards or
+    /// replicas): then the room is tried again at every look for their changes.
+    shared: bool,
+}
+
+/// The admission's decision in an answer, if it is one.
+fn decision_mut(a: &mut Answer) -> Option<&mut Decision> {
+    match a {
+        Answer::Decision(d) | Answer::DecisionWithLevels(d, _) => Some(d),
+        _ => None,
+    }
+}
+
+/// The time on this machine, in Unix ms.
+fn wall_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// The job's admission time set to `now_ms` (a waiting call is decided afresh).
+fn at(job: &Job, now_ms: i64) -> Job {
+    let mut job = job.clone();
+    if let Job::Admit { now_ms: t, .. } | Job::AdmitWithLevels { now_ms: t, .. } = &mut job {
+        *t = now_ms;
+    }
+    job
+}
+
+impl<S: Store> Waiting<S> {
+    pub(super) fn new(
+        engine: Arc<Engine<S>>,
+        intake: Arc<Intake>,
+        stats: Arc<WaitingStats>,
+        shards: usize,
+    ) -> Self {
+        let shared = shards > 1 || engine.lease_holder().is_some();
+        Waiting {
+            engine,
+            room: WaitingRoom::new(),
+            gone: Arc::default(),
+            intake,
+            stats,
+            shards: shards.max(1),
+            shared,
+        }
+    }
+
+    /// How long the shard may sleep before the room needs a look: until the next give-up
+    /// or retry time, and no longer than `most`.
+    pub(super) fn idle(&self, most: Duration) -> Duration {
+        match self.room.next_due(wall_ms()) {
+            Some(at) => Duration::from_millis((at - wall_ms()).clamp(0, i64::MAX) as u64).min(most),
+            None => most,
+        }
+    }
+
+    /// Whether the room has calls, and their capacity may free elsewhere: then every look
+    /// for other shards' and replicas' changes tries them again.
+    pub(super) fn looks_with_others(&self) -> bool {
+        self.shared && !self.room.is_empty()
+    }
+
+    /// Drops the waiters whose callers left.
+    pub(super) fn drop_gone(&mut self, observer: &Arc<dyn WriterObserver>) {
+        let gone = std::mem::take(&mut *self.gone.lock().unwrap_or_else(|e| e.into_inner()));
+        let now = wall_ms();
+        for id in gone {
+            if let Some(w) = self.room.take(id) {
+                observer.waited("gone", waited(&w, now));
+            }
+        }
+        self.publish();
+    }
+
+    /// Keeps back the jobs that may wait and would pass calls waiting for the same model:
+    /// they wait behind them. Returns the others, to run now.
+    pub(super) fn hold_back(
+        &mut self,
+        jobs: Vec<Job>,
+        replies: Vec<Reply>,
+        observer: &Arc<dyn WriterObserver>,
+    ) -> (Vec<Job>, Vec<Reply>) {
+        if self.room.is_empty() {
+            return (jobs, replies);
+        }
+        let now = wall_ms();
+        let mut run = (
+            Vec::with_capacity(jobs.len()),
+            Vec::with_capacity(jobs.len()),
+        );
+        for (job, reply) in jobs.into_iter().zip(replies) {
+            let request = match &job {
+                Job::Admit { request, .. } | Job::AdmitWithLevels { request, .. } => Some(request),
+                _ => None,
+            };
+            let behind = reply.wait.is_some()
+                && request.is_some_and(|r| {
+                    r.route == Route::Interactive
+                        && self.room.would_pass(r.model.as_deref(), r.priority)
+                });
+            if !behind {
+                run.0.push(job);
+                run.1.push(reply);
+                continue;
+            }
+            let last = Decision::rejected(Reason::DeploymentCapacity, None);
+            if let Err(not) = self.park(job, reply, last, None, now) {
+                let (job, reply, answer) = *not;
+                deliver_now(reply, answer);
+                observer.waited("queue_full", Duration::ZERO);
+                drop(job);
+            }
+        }
+        self.publish();
+        run
+    }
+
+    /// Of a batch's answers, parks those that may wait; returns the indexes of the jobs
+    /// answered here (parked, or refused by the room's bounds), whose replies were taken.
+    pub(super) fn park_refused(
+        &mut self,
+        jobs: &[Job],
+        replies: &mut [Option<Reply>],
+        answers: &mut [Option<Result<Answer, Failure>>],
+        observer: &Arc<dyn WriterObserver>,
+    ) -> bool {
+        let now = wall_ms();
+        let mut parked = false;
+        for (i, job) in jobs.iter().enumerate() {
+            let may = replies[i].as_ref().is_some_and(|r| r.wait.is_some());
+            let waitable = matches!(
+                &answers[i],
+                Some(Ok(Answer::Decision(d) | Answer::DecisionWithLevels(d, _))) if waits_for(d)
+            );
+            if !may || !waitable {
+                continue;
+            }
+            let Some(Ok(answer)) = answers[i].take() else {
+                continue;
+            };
+            let (last, levels) = match answer {
+                Answer::Decision(d) => (d, None),
+                Answer::DecisionWithLevels(d, l) => (d, l),
+                _ => unreachable!("checked above"),
+            };
+            let reply = replies[i].take().expect("checked above");
+            match self.park(job.clone(), reply, last, levels, now) {
+                Ok(()) => parked = true,
+                Err(not) => {
+                    let (_, reply, answer) = *not;
+                    let full = matches!(
+                        &answer,
+                        Ok(Answer::Decision(d) | Answer::DecisionWithLevels(d, _))
+                            if d.reason == Some(Reason::QueueFull)
+                    );
+                    if full {
+                        observer.waited("queue_full", Duration::ZERO);
+                    }
+                    replies[i] = Some(reply);
+                    answers[i] = Some(answer);
+                }
+            }
+        }
+        self.publish();
+        parked
+    }
+
+    /// Lets a refused call wait, or says why it cannot: the answer to give instead (its
+    /// refusal as it is when the wait cannot fit before its retry time, `deadline_exceeded`
+    /// when its deadline is what cannot fit, `queue_full` past the room's bounds).
+    fn park(
+        &mut self,
+        job: Job,
+        mut reply: Reply,
+        last: Decision,
+        levels: Option<TenantLevels>,
+        now: i64,
+    ) -> Result<(), Box<NotParked>> {
+        let (Job::Admit { request, .. } | Job::AdmitWithLevels { request, .. }) = &job else {
+            let answer = Ok(Answer::Decision(last));
+            return Err(Box::new((job, reply, answer)));
+        };
+        let config = self.engine.config();
+        let wait = reply.wait.unwrap_or(0).min(config.waiting.max_wait_ms);
+        let exec = estimated_exec_ms(&config, request.max_output_tokens);
+        let (give_up, by_deadline) = give_up_at(now, request.deadline_ms, exec, wait);
+        let retry_at = frees_at(&last, now);
+        let with_levels = |d: Decision, job: &Job| match job {
+            Job::AdmitWithLevels { .. } => Answer::DecisionWithLevels(d, levels),
+            _ => Answer::Decision(d),
+        };
+        if give_up <= now || retry_at.is_some_and(|at| at > give_up) {
+            let d = if by_deadline {
+                deadline_refusal(&last, 0, exec)
+            } else {
+                last
+            };
+            let answer = Ok(with_levels(d, &job));
+            return Err(Box::new((job, reply, answer)));
+        }
+        let tenant = config.tenant(&request.tenant);
+        let per_tenant = config.waiting.per_tenant_of(tenant);
+        let total = config.waiting.total.div_ceil(self.shards as u32).max(1);
+        let weight = tenant.map_or(1, |t| t.weight);
+        let tokens = request
+            .input_tokens
+            .saturating_add(request.optional_context_tokens)
+            .saturating_add(request.max_output_tokens);
+        // The caller's channel moves to a watcher on its runtime, which passes the answer
+        // on, or says at once that the caller left (a caller on no runtime is answered
+        // straight).
+        let watched = reply.runtime.clone().map(|runtime| {
+            let (inner, outer) = oneshot::channel();
+            (runtime, outer, std::mem::replace(&mut reply.to, inner))
+        });
+        let waiter = Waiter {
+            id: 0,
+            tenant: request.tenant.clone(),
+            band: request.priority,
+            model: request.model.clone(),
+            tokens,
+            weight,
+            entered_ms: now,
+            give_up_ms: give_up,
+            by_deadline,
+            retry_at_ms: retry_at,
+            last: last.clone(),
+            payload: Parked {
+                job: job.clone(),
+                reply,
+                levels,
+            },
+        };
+        match self.room.enter(waiter, per_tenant, total) {
+            Ok(id) => {
+                if let Some((runtime, outer, to)) = watched {
+                    watch(
+                        runtime,
+                        id,
+                        outer,
+                        to,
+                        self.gone.clone(),
+                        self.intake.clone(),
+                    );
+                }
+                Ok(())
+            }
+            Err((w, full)) => {
+                let Parked { job, mut reply, .. } = w.payload;
+                if let Some((_, _, to)) = watched {
+                    reply.to = to;
+                }
+                let mut d = Decision::rejected(Reason::QueueFull, None);
+                d.message = Some(full.message(&w.tenant));
+                let answer = Ok(with_levels(d, &job));
+                Err(Box::new((job, reply, answer)))
+            }
+        }
+    }
+
+    /// Refuses the calls whose time is up, then tries the room's calls in its fair order,
+    /// round after round while some are admitted: every tenant's first call when
+    /// something was `freed`, else those whose retry time has come.
+    pub(super) fn serve(&mut self, freed: bool, observer: &Arc<dyn WriterObserver>) {
+        if self.room.is_empty() {
+            return;
+        }
+        let now = wall_ms();
+        for w in self.room.due(now) {
+            let waited_for = waited(&w, now);
+            let exec = match &w.payload.job {
+                Job::Admit { request, .. } | Job::AdmitWithLevels { request, .. } => {
+                    estimated_exec_ms(&self.engine.config(), request.max_output_tokens)
+                }
+                _ => 0,
+            };
+            let d = if w.by_deadline {
+                observer.waited("deadline", waited_for);
+                deadline_refusal(&w.last, ms(waited_for), exec)
+            } else {
+                observer.waited("max_wait", waited_for);
+                gave_up(&w.last, ms(waited_for))
+            };
+            answer(w.payload, d);
+        }
+        for _ in 0..MOST_ROUNDS {
+            let ids = self.room.candidates(now, MOST_PER_ROUND, freed);
+            if ids.is_empty() {
+                break;
+            }
+            let jobs: Vec<Job> = ids
+                .iter()
+                .filter_map(|id| Some(at(&self.room.get_mut(*id)?.payload.job, now)))
+                .collect();
+            let Ok(answers) = self.engine.run_batch_at_store_time(&jobs) else {
+                // The store failed: they go on waiting, and give up in time.
+                break;
+            };
+            let mut admitted = 0;
+            for (id, answer) in ids.into_iter().zip(answers) {
+                let still = match &answer {
+                    Ok(Answer::Decision(d) | Answer::DecisionWithLevels(d, _)) => waits_for(d),
+                    // A store failure for this call alone: it goes on waiting.
+                    Err(_) => true,
+                    Ok(_) => false,
+                };
+                if still {
+                    if let (Some(w), Ok(a)) = (self.room.get_mut(id), answer) {
+                        let (d, levels) = match a {
+                            Answer::DecisionWithLevels(d, l) => (d, l),
+                            Answer::Decision(d) => (d, None),
+                            _ => continue,
+                        };
+                        w.retry_at_ms = frees_at(&d, now);
+                        w.last = d;
+                        w.payload.levels = levels;
+                    }
+                    continue;
+                }
+                let Some(w) = self.room.take(id) else {
+                    continue;
+                };
+                let waited_for = waited(&w, now);
+                let mut answer = answer.expect("an answer, checked above");
+                if let Some(d) = decision_mut(&mut answer) {
+                    d.waited_ms = Some(ms(waited_for));
+                    if d.authorises_call() {
+                        self.room
+                            .admitted(&w, d.reserved_tokens.unwrap_or(w.tokens));
+                        admitted += 1;
+                    }
+                }
+                observer.waited("admitted", waited_for);
+                let _ = w.payload.reply.to.send(Ok(answer));
+            }
+            if admitted == 0 {
+                break;
+            }
+        }
+        self.publish();
+    }
+
+    /// Tells the stats what waits now.
+    fn publish(&self) {
+        let bands = self.room.by_band();
+        for (i, n) in bands.iter().enumerate() {
+            self.stats.by_band[i].store(*n, Ordering::Relaxed);
+        }
+        *self
+            .stats
+            .by_tenant
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = self.room.by_tenant();
+    }
+}
+
+fn waited(w: &Waiter<Parked>, now: i64) -> Duration {
+    Duration::from_millis((now - w.entered_ms).max(0) as u64)
+}
+
+fn ms(d: Duration) -> u64 {
+    d.as_millis().min(u128::from(u64::MAX)) as u64
+}
+
+/// The refusal of a call whose deadline, less its estimated execution, has come while it
+/// waited (or would come before what refused it frees).
+fn deadline_refusal(last: &Decision, waited_ms: u64, exec_ms: u64) -> Decision {
+    let mut d = Decision::rejected(Reason::DeadlineExceeded, None);
+    let why = last.reason.map_or("capacity", |r| r.as_str());
+    d.message = Some(format!(
+        "deadline_exceeded: waited {waited_ms} ms for {why}; the call's deadline less its estimated execution ({exec_ms} ms) has come, so it would not finish in time"
+    ));
+    d.waited_ms = Some(waited_ms);
+    d
+}
+
+/// The latest refusal of a call that waited the longest wait, saying so.
+fn gave_up(last: &Decision, waited_ms: u64) -> Decision {
+    let mut d = last.clone();
+    let before = d.message.take().unwrap_or_default();
+    d.message = Some(format!(
+        "{before} (waited {waited_ms} ms, the longest wait: waiting.max_wait_ms)"
+    ));
+    d.waited_ms = Some(waited_ms);
+    d
+}
+
+/// Answers a parked call with `d` (and the levels it was last refused with).
+fn answer(p: Parked, d: Decision) {
+    let a = match p.job {
+        Job::AdmitWithLevels { .. } => Answer::DecisionWithLevels(d, p.levels),
+        _ => Answer::Decision(d),
+    };
+    let _ = p.reply.to.send(Ok(a));
+}
+
+fn deliver_now(reply: Reply, answer: Result<Answer, Failure>) {
+    let _ = reply.to.send(answer);
+}
+
+/// Passes the answer from `outer` to the caller's `to` on the caller's runtime; if the
+/// caller leaves first, tells the shard (`gone`, and a wake-up) so that it drops the
+/// waiter at once.
+fn watch(
+    runtime: tokio::runtime::Handle,
+    id: u64,
+    mut outer: oneshot::Receiver<Result<Answer, Failure>>,
+    mut to: oneshot::Sender<Result<Answer, Failure>>,
+    gone: Arc<Mutex<Vec<u64>>>,
+    intake: Arc<Intake>,
+) {
+    let relay = async move {
+        let ended = std::future::poll_fn(|cx| {
+            if let Poll::Ready(a) = Pin::new(&mut outer).poll(cx) {
+                return Poll::Ready(a.ok());
+            }
+            if to.poll_closed(cx).is_ready() {
+                return Poll::Ready(None);
+            }
+            Poll::Pending
+        })
+        .await;
+        match ended {
+            Some(answer) => {
+                let _ = to.send(answer);
+            }
+            None if to.is_closed() => {
+                gone.lock().unwrap_or_else(|e| e.into_inner()).push(id);
+                intake.wake();
+            }
+            None => {}
+        }
+    };
+    runtime.spawn(relay);
+}
