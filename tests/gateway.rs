@@ -63,6 +63,11 @@ fn the_openai_sdk_through_the_gateway() {
 }
 
 #[test]
+fn contended_calls_wait_their_turn_fairly_through_the_openai_sdk() {
+    suite("test_waiting.py", 2);
+}
+
+#[test]
 fn deployments_reserved_ejected_learned_and_fallen_back_on() {
     suite("test_deployments.py", 5);
 }

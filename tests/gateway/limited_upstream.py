@@ -14,13 +14,15 @@ tollgate reserves for it (prompt and output), so a gateway that respects what th
 reports never sends it past its budget.
 """
 import json
+import random
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 class Limits:
-    def __init__(self, rpm=None, tokens=None, window_s=60.0, concurrency=None, delay_s=0.0):
+    def __init__(self, rpm=None, tokens=None, window_s=60.0, concurrency=None, delay_s=0.0,
+                 jitter=0.0):
         self.lock = threading.Lock()
         self.rpm = rpm
         self.requests = float(rpm) if rpm else None
@@ -31,6 +33,10 @@ class Limits:
         self.window_start = time.monotonic()
         self.concurrency = concurrency
         self.delay_s = delay_s
+        # A call takes delay_s times a factor drawn from 1 ± jitter, as a provider's
+        # generation times vary.
+        self.jitter = jitter
+        self.random = random.Random(7)
         self.in_flight = 0
         self.mode = "ok"
         self.stats = {"served": 0, "refused": 0, "failed": 0, "max_in_flight": 0,
@@ -93,6 +99,9 @@ class Limits:
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # An answer's head and body go in separate writes: without this, Nagle's algorithm holds
+    # the body until the head is acknowledged, which a client may delay by 40 ms.
+    disable_nagle_algorithm = True
 
     def log_message(self, *args):
         pass
@@ -144,7 +153,9 @@ class Handler(BaseHTTPRequestHandler):
                 "type": "requests", "code": "rate_limit_exceeded", "param": None}}, over)
         try:
             if limits.delay_s:
-                time.sleep(limits.delay_s)
+                with limits.lock:
+                    factor = 1.0 + limits.random.uniform(-limits.jitter, limits.jitter)
+                time.sleep(limits.delay_s * factor)
             with limits.lock:
                 headers = limits.headers(time.monotonic())
             answer = {
@@ -172,6 +183,12 @@ def start(**limits):
 if __name__ == "__main__":
     import sys
     # limited_upstream.py RPM: a stub of RPM requests a minute on a free port, printed.
-    s = start(rpm=int(sys.argv[1]))
+    # limited_upstream.py --slots N --delay-s S --jitter J: N calls at once, each taking S
+    # seconds times a factor drawn from 1 ± J.
+    if sys.argv[1] == "--slots":
+        s = start(concurrency=int(sys.argv[2]), delay_s=float(sys.argv[4]),
+                  jitter=float(sys.argv[6]))
+    else:
+        s = start(rpm=int(sys.argv[1]))
     print(s.server_address[1], flush=True)
     threading.Event().wait()

@@ -8,14 +8,17 @@
 //! [`WaitingRoom::candidates`] when something may have freed, takes out the admitted ones,
 //! and refuses those whose time is up ([`WaitingRoom::due`]).
 //!
-//! **Order.** Bands first (`critical`, `standard`, `sheddable`); within a band, tenants by a
-//! virtual token counter (VTC): serving a call adds its reserved tokens over the tenant's
-//! weight to the tenant's counter, and the tenant with the smallest counter goes first. A
-//! tenant that starts waiting has its counter lifted to the smallest counter of those
-//! already waiting (or to the band's virtual time, the counter of the last call served,
-//! when none is), so being idle banks no credit. Within a tenant, arrival order. Every
-//! tenant's first waiter is a candidate, so a head that does not fit does not hold the
-//! others back (work-conserving), and is not charged for being passed.
+//! **Order.** Bands first (`critical`, `standard`, `sheddable`); within a band, the tenant
+//! with the fewest calls in flight for its weight goes first (what waiting calls contend
+//! for is most often slots: a tenant below its share of them is served before one above
+//! it, so a light tenant beside a heavy one keeps its max-min share); among tenants with as
+//! many, the one with the smallest virtual token counter (VTC): serving a call adds its
+//! reserved tokens over the tenant's weight to the tenant's counter. A tenant that starts
+//! waiting with no call in flight (idle) has its counter lifted to the smallest counter of
+//! those already waiting (or to the band's virtual time, the counter of the last call
+//! served, when none is), so being idle banks no credit. Within a tenant, arrival order.
+//! Every tenant's first waiter is a candidate, so a head that does not fit does not hold
+//! the others back (work-conserving), and is not charged for being passed.
 
 use super::Decision;
 use crate::config::Config;
@@ -183,6 +186,8 @@ pub struct WaitingRoom<T> {
     give_ups: BTreeSet<(i64, u64)>,
     /// Waiters by model, for the no-passing rule.
     models: HashMap<Option<String>, [usize; 3]>,
+    /// Calls in flight per tenant, as its owner saw them start and end.
+    in_flight: HashMap<String, u32>,
     next_id: u64,
 }
 
@@ -193,6 +198,7 @@ impl<T> Default for WaitingRoom<T> {
             index: HashMap::new(),
             give_ups: BTreeSet::new(),
             models: HashMap::new(),
+            in_flight: HashMap::new(),
             next_id: 1,
         }
     }
@@ -270,8 +276,9 @@ impl<T> WaitingRoom<T> {
         self.next_id += 1;
         w.id = id;
         let b = band_index(w.band);
+        let idle = !self.in_flight.contains_key(&w.tenant);
         let band = &mut self.bands[b];
-        if !band.queues.contains_key(&w.tenant) {
+        if idle && !band.queues.contains_key(&w.tenant) {
             // Idle time banks no credit: start level with those waiting, or with the last
             // one served when nobody waits.
             let floor = band
@@ -301,23 +308,24 @@ impl<T> WaitingRoom<T> {
     pub fn candidates(&self, now_ms: i64, most: usize, freed: bool) -> Vec<u64> {
         let mut out = Vec::new();
         for band in &self.bands {
-            let mut heads: Vec<(f64, &str, u64)> = band
+            let mut heads: Vec<(f64, f64, &str, u64)> = band
                 .queues
                 .iter()
                 .filter_map(|(t, q)| {
                     let head = q.front()?;
                     let ready = freed || head.retry_at_ms.is_none_or(|at| at <= now_ms);
-                    ready.then(|| {
-                        (
-                            band.counters.get(t).copied().unwrap_or(0.0),
-                            t.as_str(),
-                            head.id,
-                        )
-                    })
+                    let share = f64::from(self.in_flight.get(t).copied().unwrap_or(0))
+                        / f64::from(head.weight.max(1));
+                    let counter = band.counters.get(t).copied().unwrap_or(0.0);
+                    ready.then_some((share, counter, t.as_str(), head.id))
                 })
                 .collect();
-            heads.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(b.1)));
-            out.extend(heads.into_iter().map(|(_, _, id)| id));
+            heads.sort_by(|a, b| {
+                a.0.total_cmp(&b.0)
+                    .then(a.1.total_cmp(&b.1))
+                    .then(a.2.cmp(b.2))
+            });
+            out.extend(heads.into_iter().map(|(_, _, _, id)| id));
             if out.len() >= most {
                 out.truncate(most);
                 break;
@@ -363,6 +371,26 @@ impl<T> WaitingRoom<T> {
         let c = band.counters.entry(w.tenant.clone()).or_insert(0.0);
         band.virtual_time = band.virtual_time.max(*c);
         *c += tokens as f64 / f64::from(w.weight.max(1));
+    }
+
+    /// A call of `tenant` started (admitted, from the room or not).
+    pub fn started(&mut self, tenant: &str) {
+        *self.in_flight.entry(tenant.to_string()).or_default() += 1;
+    }
+
+    /// A call of `tenant` ended and released what it held.
+    pub fn ended(&mut self, tenant: &str) {
+        if let Some(n) = self.in_flight.get_mut(tenant) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.in_flight.remove(tenant);
+            }
+        }
+    }
+
+    /// Calls of `tenant` in flight, as seen.
+    pub fn in_flight(&self, tenant: &str) -> u32 {
+        self.in_flight.get(tenant).copied().unwrap_or(0)
     }
 
     /// Takes out every waiter whose give-up time has come by `now_ms`.
@@ -488,6 +516,37 @@ mod tests {
             .enter(waiter("b", Priority::Standard, 100, 9), 64, 64)
             .unwrap();
         assert!(room2.counter(Priority::Standard, "b") >= 900.0);
+    }
+
+    #[test]
+    fn a_tenant_with_fewer_calls_in_flight_goes_first_and_is_not_lifted_while_busy() {
+        let mut room = WaitingRoom::new();
+        for _ in 0..3 {
+            room.started("heavy");
+        }
+        room.started("light");
+        room.enter(waiter("heavy", Priority::Standard, 100, 9), 64, 64)
+            .unwrap();
+        room.enter(waiter("light", Priority::Standard, 100, 9), 64, 64)
+            .unwrap();
+        assert_eq!(serve(&mut room, 1), ["light"]);
+        // Light, with a call in flight, is not lifted to heavy's counter when it waits again.
+        let mut room2: WaitingRoom<()> = WaitingRoom::new();
+        room2.started("light");
+        for _ in 0..3 {
+            room2
+                .enter(waiter("heavy", Priority::Standard, 100, 9), 64, 64)
+                .unwrap();
+        }
+        serve(&mut room2, 2);
+        room2
+            .enter(waiter("light", Priority::Standard, 100, 9), 64, 64)
+            .unwrap();
+        assert_eq!(room2.counter(Priority::Standard, "light"), 0.0);
+        room2.ended("light");
+        assert_eq!(room2.in_flight("light"), 0);
+        room2.ended("light");
+        assert_eq!(room2.in_flight("light"), 0);
     }
 
     #[test]

@@ -552,6 +552,58 @@ mod tests {
         ))
     }
 
+    /// A call waiting for the one global slot is admitted as soon as the call holding it
+    /// ends, on the job's own clock (its deadline is not this machine's time).
+    #[test]
+    fn a_waiting_call_is_admitted_when_a_completion_frees_its_slot() {
+        use crate::validate::RequestBuilder;
+        let config = crate::config::Config::from_json(&serde_json::json!({
+            "global": {"concurrency": 1}, "tenants": {"a": {}, "b": {}},
+        }))
+        .unwrap();
+        let engine = Arc::new(crate::engine::test_engine_on(
+            &config,
+            crate::store::SqliteStore::in_memory().unwrap(),
+        ));
+        let (writer, thread) = Writer::start(engine, 4, Arc::new(NoObserver));
+        let writer = Arc::new(writer);
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let request = |tenant: &str, key: &str| {
+            RequestBuilder::new(tenant, key, crate::model::Route::Interactive)
+                .input_tokens(10)
+                .max_output_tokens(10)
+                .deadline_ms(60_000)
+                .build(&config)
+                .unwrap()
+        };
+        let first = rt.block_on(writer.admit(request("a", "k1"), 10)).unwrap();
+        assert!(first.authorises_call());
+        let w = writer.clone();
+        let second = request("b", "k2");
+        let waiting = rt.spawn(async move { w.admit_waiting(second, 20, 30_000).await });
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(!waiting.is_finished());
+        let freed = Instant::now();
+        let done = rt
+            .block_on(writer.complete(Completion::succeeded("a", "k1"), 130))
+            .unwrap();
+        assert!(done.ok);
+        let d = rt.block_on(waiting).unwrap().unwrap();
+        assert!(d.authorises_call(), "{d:?}");
+        assert!(
+            freed.elapsed() < Duration::from_millis(100),
+            "{:?}",
+            freed.elapsed()
+        );
+        assert!(d.waited_ms.unwrap() >= 90, "{d:?}");
+        drop(writer);
+        thread.join().unwrap();
+    }
+
     #[test]
     fn shards_take_each_tenant_to_the_engine_its_name_picks() {
         // Two engines told apart by their tenants' request capacity.

@@ -110,6 +110,7 @@ pub(super) fn run<S: Store>(
         let mut answers: Vec<Option<Result<Answer, Failure>>> =
             answers.into_iter().map(Some).collect();
         let parked = waiting.park_refused(&jobs, &mut replies, &mut answers, &observer);
+        waiting.saw(&jobs, &answers);
         let (mut kept_replies, mut kept_answers, mut kept_times) = (vec![], vec![], vec![]);
         for (i, (reply, answer)) in replies.into_iter().zip(answers).enumerate() {
             if let (Some(reply), Some(answer)) = (reply, answer) {

@@ -41,6 +41,9 @@ pub(super) struct Parked {
     job: Job,
     reply: Reply,
     levels: Option<TenantLevels>,
+    /// The job's clock less this machine's when it was parked: the room keeps time on this
+    /// machine's clock, and a waiting job is decided again at its own clock's time.
+    offset_ms: i64,
 }
 
 /// What the writer shows of one shard's waiting room.
@@ -93,6 +96,14 @@ fn wall_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// The job's own time.
+fn job_now(job: &Job) -> Option<i64> {
+    match job {
+        Job::Admit { now_ms, .. } | Job::AdmitWithLevels { now_ms, .. } => Some(*now_ms),
+        _ => None,
+    }
 }
 
 /// The job's admission time set to `now_ms` (a waiting call is decided afresh).
@@ -261,7 +272,10 @@ impl<S: Store> Waiting<S> {
         let config = self.engine.config();
         let wait = reply.wait.unwrap_or(0).min(config.waiting.max_wait_ms);
         let exec = estimated_exec_ms(&config, request.max_output_tokens);
-        let (give_up, by_deadline) = give_up_at(now, request.deadline_ms, exec, wait);
+        // The deadline is on the job's clock; the room keeps this machine's.
+        let offset_ms = job_now(&job).map_or(0, |t| t.saturating_sub(now));
+        let deadline = request.deadline_ms.saturating_sub(offset_ms);
+        let (give_up, by_deadline) = give_up_at(now, deadline, exec, wait);
         let retry_at = frees_at(&last, now);
         let with_levels = |d: Decision, job: &Job| match job {
             Job::AdmitWithLevels { .. } => Answer::DecisionWithLevels(d, levels),
@@ -307,6 +321,7 @@ impl<S: Store> Waiting<S> {
                 job: job.clone(),
                 reply,
                 levels,
+                offset_ms,
             },
         };
         match self.room.enter(waiter, per_tenant, total) {
@@ -332,6 +347,32 @@ impl<S: Store> Waiting<S> {
                 d.message = Some(full.message(&w.tenant));
                 let answer = Ok(with_levels(d, &job));
                 Err(Box::new((job, reply, answer)))
+            }
+        }
+    }
+
+    /// Counts the calls a batch started and ended, for the room's order (a tenant with
+    /// fewer calls in flight goes first).
+    pub(super) fn saw(&mut self, jobs: &[Job], answers: &[Option<Result<Answer, Failure>>]) {
+        use crate::model::CallResult;
+        for (job, answer) in jobs.iter().zip(answers) {
+            let Some(Ok(answer)) = answer else {
+                continue;
+            };
+            match (job, answer) {
+                (
+                    Job::Admit { request, .. } | Job::AdmitWithLevels { request, .. },
+                    Answer::Decision(d) | Answer::DecisionWithLevels(d, _),
+                ) if d.authorises_call() => self.room.started(&request.tenant),
+                (Job::Complete { completion, .. }, Answer::Completion(a))
+                    if a.ok && completion.result != CallResult::Unknown =>
+                {
+                    self.room.ended(&completion.tenant)
+                }
+                (Job::Reconcile { reconciliation, .. }, Answer::Completion(a)) if a.ok => {
+                    self.room.ended(&reconciliation.tenant)
+                }
+                _ => {}
             }
         }
     }
@@ -368,7 +409,10 @@ impl<S: Store> Waiting<S> {
             }
             let jobs: Vec<Job> = ids
                 .iter()
-                .filter_map(|id| Some(at(&self.room.get_mut(*id)?.payload.job, now)))
+                .filter_map(|id| {
+                    let p = &self.room.get_mut(*id)?.payload;
+                    Some(at(&p.job, now.saturating_add(p.offset_ms)))
+                })
                 .collect();
             let Ok(answers) = self.engine.run_batch_at_store_time(&jobs) else {
                 // The store failed: they go on waiting, and give up in time.
@@ -405,6 +449,7 @@ impl<S: Store> Waiting<S> {
                     if d.authorises_call() {
                         self.room
                             .admitted(&w, d.reserved_tokens.unwrap_or(w.tokens));
+                        self.room.started(&w.tenant);
                         admitted += 1;
                     }
                 }
