@@ -642,7 +642,7 @@ fn calls_that_ask_wait_their_turn_within_their_deadline() {
         "{answer}"
     );
     // A deadline that cannot fit is refused at once.
-    let (_, _, answer, took) = admit_waiting(&base, CALLER, &waiting("w2b", 5_000, 1));
+    let (_, _, answer, took) = admit_waiting(&base, CALLER, &waiting("w2b", 5_000, -1));
     assert_eq!(
         answer["reason"].as_str(),
         Some("deadline_exceeded"),
@@ -669,6 +669,13 @@ fn calls_that_ask_wait_their_turn_within_their_deadline() {
     );
     let w6 = spawn("w6", OTHER_CALLER);
     until_waiting(&s, 3.0);
+    let (_, _, view) = s.call("GET", "/v1/admin/inspect", Some(ADMIN), None);
+    assert_eq!(
+        view["waiting"]["tenants"],
+        json!({"acme": 2, "globex": 1}),
+        "{view}"
+    );
+    assert_eq!(view["waiting"]["bands"]["standard"], 3);
     let (_, _, answer, _) = admit_waiting(&base, OTHER_CALLER, &waiting("w7", 5_000, 600_000));
     assert_eq!(answer["reason"].as_str(), Some("queue_full"), "{answer}");
     assert!(
@@ -743,7 +750,7 @@ fn calls_that_ask_wait_their_turn_within_their_deadline() {
     );
     assert_eq!(
         series(&text, "tollgate_wait_seconds_count{outcome=\"deadline\"}"),
-        Some(2.0)
+        Some(1.0)
     );
     assert_eq!(
         series(&text, "tollgate_wait_seconds_count{outcome=\"admitted\"}"),

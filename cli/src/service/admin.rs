@@ -251,7 +251,10 @@ pub(super) async fn inspect(
     let (page, _) = page_of(query, false)?;
     let i = s.writer.inspect(s.clock.now_ms(), page).await;
     let i = i.map_err(store_refusal)?;
-    Ok(axum::Json(json!(i)).into_response())
+    let mut view = json!(i);
+    // The calls waiting in this process's waiting rooms, per band and per tenant.
+    view["waiting"] = json!(s.writer.waiting());
+    Ok(axum::Json(view).into_response())
 }
 
 /// `GET /v1/admin/operations[?state=S&limit=N&after=CURSOR]`: one page of operations.
@@ -373,24 +376,15 @@ pub(super) async fn refresh_levels(s: &AppState) -> Result<(), Refusal> {
         }
     }
     // The waiting rooms, every shard's.
-    let mut bands = [0usize; 3];
-    let mut tenants = std::collections::BTreeMap::<String, usize>::new();
-    for shard in s.writer.waiting() {
-        for (i, n) in shard.by_band().iter().enumerate() {
-            bands[i] += n;
-        }
-        for (t, n) in shard.by_tenant() {
-            *tenants.entry(t).or_default() += n;
-        }
-    }
-    for (band, n) in tollgate::model::Priority::BANDS.iter().zip(bands) {
+    let waiting = s.writer.waiting();
+    for (band, n) in &waiting.bands {
         s.metrics
             .waiting_calls
-            .with_label_values(&[band.as_str()])
-            .set(n as f64);
+            .with_label_values(&[band])
+            .set(*n as f64);
     }
     s.metrics.waiting_tenant_calls.reset();
-    for (t, n) in &tenants {
+    for (t, n) in &waiting.tenants {
         s.metrics
             .waiting_tenant_calls
             .with_label_values(&[t.as_str()])

@@ -17,7 +17,7 @@ mod shard;
 mod waiting;
 
 pub use health::{StoreHealth, Trouble};
-pub use waiting::WaitingStats;
+pub use waiting::{WaitingNow, WaitingStats};
 
 use crate::engine::{
     Answer, Completion, CompletionAnswer, Decision, DispatchAnswer, Engine, Inspection, Job,
@@ -286,9 +286,11 @@ impl Writer {
         self.shards.len()
     }
 
-    /// What waits in each shard's waiting room now.
-    pub fn waiting(&self) -> Vec<Arc<WaitingStats>> {
-        self.shards.iter().map(|s| s.waiting.clone()).collect()
+    /// What waits in the waiting rooms now, every shard's together.
+    pub fn waiting(&self) -> WaitingNow {
+        let shards: Vec<Arc<WaitingStats>> =
+            self.shards.iter().map(|s| s.waiting.clone()).collect();
+        WaitingNow::of(&shards)
     }
 
     /// Submits one job and waits for its committed answer.

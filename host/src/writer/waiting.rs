@@ -68,6 +68,37 @@ impl WaitingStats {
     }
 }
 
+/// What waits in a writer's waiting rooms, every shard's together (`inspect`, metrics).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct WaitingNow {
+    /// Calls waiting in all.
+    pub calls: usize,
+    /// Calls waiting in each band (`critical`, `standard`, `sheddable`).
+    pub bands: BTreeMap<&'static str, usize>,
+    /// Calls waiting for each tenant that has any.
+    pub tenants: BTreeMap<String, usize>,
+}
+
+impl WaitingNow {
+    /// The sum of `shards`' rooms.
+    pub fn of(shards: &[Arc<WaitingStats>]) -> Self {
+        let mut out = WaitingNow::default();
+        for band in crate::model::Priority::BANDS {
+            out.bands.insert(band.as_str(), 0);
+        }
+        for s in shards {
+            for (band, n) in crate::model::Priority::BANDS.iter().zip(s.by_band()) {
+                *out.bands.entry(band.as_str()).or_default() += n;
+                out.calls += n;
+            }
+            for (t, n) in s.by_tenant() {
+                *out.tenants.entry(t).or_default() += n;
+            }
+        }
+        out
+    }
+}
+
 /// The shard's room, and what it needs to answer from it.
 pub(super) struct Waiting<S: Store> {
     engine: Arc<Engine<S>>,
@@ -237,13 +268,17 @@ impl<S: Store> Waiting<S> {
                 Ok(()) => parked = true,
                 Err(not) => {
                     let (_, reply, answer) = *not;
-                    let full = matches!(
-                        &answer,
-                        Ok(Answer::Decision(d) | Answer::DecisionWithLevels(d, _))
-                            if d.reason == Some(Reason::QueueFull)
-                    );
-                    if full {
-                        observer.waited("queue_full", Duration::ZERO);
+                    // Refused without waiting: counted as the room's refusal it is.
+                    let reason = match &answer {
+                        Ok(Answer::Decision(d) | Answer::DecisionWithLevels(d, _)) => d.reason,
+                        _ => None,
+                    };
+                    match reason {
+                        Some(Reason::QueueFull) => observer.waited("queue_full", Duration::ZERO),
+                        Some(Reason::DeadlineExceeded) => {
+                            observer.waited("deadline", Duration::ZERO)
+                        }
+                        _ => {}
                     }
                     replies[i] = Some(reply);
                     answers[i] = Some(answer);
