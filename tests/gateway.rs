@@ -3,6 +3,8 @@
 //! connections as a real provider does, and enforce their own limits with OpenAI's 429. The SDK is installed into a virtual environment
 //! under `target/` the first time (from PyPI, pinned in tests/gateway/requirements.txt).
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -41,7 +43,13 @@ fn python() -> PathBuf {
 
 /// Runs one suite of tests/gateway/ and checks that all `tests` of it ran and passed.
 fn suite(file: &str, tests: usize) {
+    suite_with(file, tests, &[]);
+}
+
+/// As [`suite`], with `env` added to the suite's environment.
+fn suite_with(file: &str, tests: usize, env: &[(&str, &str)]) {
     let out = Command::new(python())
+        .envs(env.iter().copied())
         .arg(repo().join("tests/gateway").join(file))
         .env("TOLLGATE_BIN", env!("CARGO_BIN_EXE_tollgate"))
         .env(
@@ -65,6 +73,14 @@ fn the_openai_sdk_through_the_gateway() {
 #[test]
 fn contended_calls_wait_their_turn_fairly_through_the_openai_sdk() {
     suite("test_waiting.py", 2);
+}
+
+#[test]
+#[ignore = "needs PostgreSQL: .ci/run sets TOLLGATE_TEST_POSTGRES and runs it with --ignored"]
+fn contended_calls_wait_their_turn_on_two_replicas() {
+    let database = common::pg::Database::create("waiting");
+    let url = database.url();
+    suite_with("test_waiting_replicas.py", 1, &[("TOLLGATE_WAITING_DB", &url)]);
 }
 
 #[test]

@@ -19,9 +19,9 @@ def free_port():
 
 class Serving:
     """A running `tollgate serve` (TOLLGATE_BIN) of `config`; `env` adds to the environment,
-    `args` to the command line."""
+    `args` to the command line; `db` is its store (a SQLite file of its own when absent)."""
 
-    def __init__(self, config, env=None, args=()):
+    def __init__(self, config, env=None, args=(), db=None):
         self.dir = tempfile.TemporaryDirectory()
         path = os.path.join(self.dir.name, "config.json")
         with open(path, "w") as f:
@@ -32,7 +32,8 @@ class Serving:
         self.log = open(self.log_path, "w")
         self.process = subprocess.Popen(
             [os.environ["TOLLGATE_BIN"], "serve", "--config", path,
-             "--db", os.path.join(self.dir.name, "state.db"), "--listen", f"127.0.0.1:{port}", *args],
+             "--db", db or os.path.join(self.dir.name, "state.db"), "--listen", f"127.0.0.1:{port}",
+             *args],
             env=dict(os.environ, **(env or {})), stdout=subprocess.DEVNULL, stderr=self.log)
         for _ in range(300):
             try:

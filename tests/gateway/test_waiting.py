@@ -45,8 +45,8 @@ class Load:
         self.lock = threading.Lock()
         self.calls = []  # (tenant, priority, started, ended, status)
 
-    def caller(self, tenant, priority):
-        client = openai.OpenAI(api_key=KEYS[tenant], base_url=self.base + "/v1")
+    def caller(self, tenant, priority, base=None):
+        client = openai.OpenAI(api_key=KEYS[tenant], base_url=(base or self.base) + "/v1")
         headers = {"x-tollgate-priority": priority}
         while time.monotonic() < self.until:
             started = time.monotonic()
@@ -72,29 +72,43 @@ class Load:
         return self.calls
 
 
+def start_stub():
+    """The deployment, in a process of its own as a provider is: the process and its base."""
+    stub = subprocess.Popen(
+        [sys.executable, os.path.join(os.path.dirname(__file__), "limited_upstream.py"),
+         "--slots", str(SLOTS), "--delay-s", str(CALL_S), "--jitter", str(JITTER)],
+        stdout=subprocess.PIPE)
+    port = int(stub.stdout.readline())
+    return stub, f"http://127.0.0.1:{port}"
+
+
+def stub_stats(base):
+    with urllib.request.urlopen(base + "/_stats") as r:
+        return json.loads(r.read())
+
+
+def config_for(stub_base):
+    """Three tenants far inside their own budgets, one model of one 4-slot deployment."""
+    big = {"capacity": 100000000, "refill_per_s": 0}
+    return {
+        "auth": {"callers": {v: k for k, v in KEYS.items()}, "admins": ["admin-key"]},
+        "global": {"requests": big, "concurrency": 1000},
+        "tenant_defaults": {"requests": big, "tokens": big},
+        "tenants": {"heavy": {}, "light": {}, "mixed": {}},
+        "models": {"m": {}},
+        "gateway": {
+            "upstreams": {"slow": {"base_url": f"{stub_base}/v1"}},
+            "models": {"m": {"tokenizer": "o200k_base", "deployments": [
+                {"name": "d", "upstream": "slow", "max_concurrency": SLOTS}]}},
+        },
+    }
+
+
 class Waiting(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        # The deployment in a process of its own, as a provider is.
-        cls.stub = subprocess.Popen(
-            [sys.executable, os.path.join(os.path.dirname(__file__), "limited_upstream.py"),
-             "--slots", str(SLOTS), "--delay-s", str(CALL_S), "--jitter", str(JITTER)],
-            stdout=subprocess.PIPE)
-        port = int(cls.stub.stdout.readline())
-        cls.stub_base = f"http://127.0.0.1:{port}"
-        big = {"capacity": 100000000, "refill_per_s": 0}
-        config = {
-            "auth": {"callers": {v: k for k, v in KEYS.items()}, "admins": ["admin-key"]},
-            "global": {"requests": big, "concurrency": 1000},
-            "tenant_defaults": {"requests": big, "tokens": big},
-            "tenants": {"heavy": {}, "light": {}, "mixed": {}},
-            "models": {"m": {}},
-            "gateway": {
-                "upstreams": {"slow": {"base_url": f"http://127.0.0.1:{port}/v1"}},
-                "models": {"m": {"tokenizer": "o200k_base", "deployments": [
-                    {"name": "d", "upstream": "slow", "max_concurrency": SLOTS}]}},
-            },
-        }
+        cls.stub, cls.stub_base = start_stub()
+        config = config_for(cls.stub_base)
         if os.environ.get("TOLLGATE_WAITING") == "off":
             # The figures without the waiting room, for docs/performance.md (the checks
             # then fail).
@@ -108,8 +122,7 @@ class Waiting(unittest.TestCase):
         cls.stub.wait()
 
     def stats(self):
-        with urllib.request.urlopen(self.stub_base + "/_stats") as r:
-            return json.loads(r.read())
+        return stub_stats(self.stub_base)
 
     def test_a_light_tenant_beside_a_heavy_one_gets_its_fair_share(self):
         seconds = 20.0
