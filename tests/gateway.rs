@@ -80,7 +80,11 @@ fn contended_calls_wait_their_turn_fairly_through_the_openai_sdk() {
 fn contended_calls_wait_their_turn_on_two_replicas() {
     let database = common::pg::Database::create("waiting");
     let url = database.url();
-    suite_with("test_waiting_replicas.py", 1, &[("TOLLGATE_WAITING_DB", &url)]);
+    suite_with(
+        "test_waiting_replicas.py",
+        1,
+        &[("TOLLGATE_WAITING_DB", &url)],
+    );
 }
 
 #[test]

@@ -42,7 +42,10 @@ pub use owned::{valid_object_id, MAX_OBJECT_ID_BYTES};
 pub use shadow::{Disagreement, OutcomePair, PlanShape, ShadowReport, RECENT_DISAGREEMENTS};
 pub use stored_policy::Adopted;
 pub use swap::{NoVerifier, PolicyIdentity, SwapError, Verifier};
-pub use waiting::{estimated_exec_ms, frees_at, give_up_at, waits_for, Full, Waiter, WaitingRoom};
+pub use waiting::{
+    bounds as waiting_bounds, estimated_exec_ms, frees_at, give_up_at, given_up, waiter_for,
+    waits_for, Full, Waiter, WaitingRoom,
+};
 
 use crate::alerts::Alert;
 use crate::config::Config;

@@ -22,7 +22,7 @@
 
 use super::Decision;
 use crate::config::Config;
-use crate::model::Priority;
+use crate::model::{Priority, Request};
 use crate::reason::{Outcome, Reason};
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
@@ -96,6 +96,94 @@ pub fn give_up_at(now_ms: i64, deadline_ms: i64, exec_ms: u64, max_wait_ms: u64)
     }
 }
 
+/// A call `request` refused with `last` at `now_ms`, about to wait at most `max_wait_ms`
+/// (and `waiting.max_wait_ms`), its deadline `deadline_ms` on the room's clock: the waiter
+/// to let in, or, with the payload back, the answer to give at once: `deadline_exceeded`
+/// when its deadline less its estimated execution has come, its refusal when the bucket
+/// that refused it refills only after it would give up.
+#[allow(clippy::result_large_err)]
+pub fn waiter_for<T>(
+    config: &Config,
+    request: &Request,
+    last: Decision,
+    (now_ms, deadline_ms): (i64, i64),
+    max_wait_ms: u64,
+    payload: T,
+) -> Result<Waiter<T>, (T, Decision)> {
+    let wait = max_wait_ms.min(config.waiting.max_wait_ms);
+    let exec = estimated_exec_ms(config, request.max_output_tokens);
+    let (give_up, by_deadline) = give_up_at(now_ms, deadline_ms, exec, wait);
+    let retry_at = frees_at(&last, now_ms);
+    if give_up <= now_ms || retry_at.is_some_and(|at| at > give_up) {
+        let d = if by_deadline {
+            deadline_refusal(&last, 0, exec)
+        } else {
+            last
+        };
+        return Err((payload, d));
+    }
+    Ok(Waiter {
+        id: 0,
+        tenant: request.tenant.clone(),
+        band: request.priority,
+        model: request.model.clone(),
+        tokens: request
+            .input_tokens
+            .saturating_add(request.optional_context_tokens)
+            .saturating_add(request.max_output_tokens),
+        weight: config.tenant(&request.tenant).map_or(1, |t| t.weight),
+        entered_ms: now_ms,
+        give_up_ms: give_up,
+        by_deadline,
+        exec_ms: exec,
+        retry_at_ms: retry_at,
+        last,
+        payload,
+    })
+}
+
+/// The room's bounds for `tenant` in a room that holds `1 / shares` of `waiting.total`:
+/// `(per_tenant, total)`.
+pub fn bounds(config: &Config, tenant: &str, shares: usize) -> (u32, u32) {
+    let per_tenant = config.waiting.per_tenant_of(config.tenant(tenant));
+    let total = config.waiting.total.div_ceil(shares.max(1) as u32).max(1);
+    (per_tenant, total)
+}
+
+/// The answer to a waiter whose give-up time has come at `now_ms`, and how it left
+/// (`deadline` or `max_wait`).
+pub fn given_up<T>(w: &Waiter<T>, now_ms: i64) -> (Decision, &'static str) {
+    let waited = (now_ms - w.entered_ms).max(0) as u64;
+    if w.by_deadline {
+        (deadline_refusal(&w.last, waited, w.exec_ms), "deadline")
+    } else {
+        (gave_up(&w.last, waited), "max_wait")
+    }
+}
+
+/// The refusal of a call whose deadline, less its estimated execution, has come while it
+/// waited (or would come before what refused it frees).
+fn deadline_refusal(last: &Decision, waited_ms: u64, exec_ms: u64) -> Decision {
+    let mut d = Decision::rejected(Reason::DeadlineExceeded, None);
+    let why = last.reason.map_or("capacity", |r| r.as_str());
+    d.message = Some(format!(
+        "deadline_exceeded: waited {waited_ms} ms for {why}; the call's deadline less its estimated execution ({exec_ms} ms) has come, so it would not finish in time"
+    ));
+    d.waited_ms = Some(waited_ms);
+    d
+}
+
+/// The latest refusal of a call that waited the longest wait, saying so.
+fn gave_up(last: &Decision, waited_ms: u64) -> Decision {
+    let mut d = last.clone();
+    let before = d.message.take().unwrap_or_default();
+    d.message = Some(format!(
+        "{before} (waited {waited_ms} ms, the longest wait: waiting.max_wait_ms)"
+    ));
+    d.waited_ms = Some(waited_ms);
+    d
+}
+
 /// One waiting call.
 #[derive(Debug)]
 pub struct Waiter<T> {
@@ -117,6 +205,8 @@ pub struct Waiter<T> {
     pub give_up_ms: i64,
     /// Whether that is its deadline (`deadline_exceeded`) rather than the longest wait.
     pub by_deadline: bool,
+    /// Its estimated execution, which its deadline must leave room for.
+    pub exec_ms: u64,
     /// Not tried again before this time (a bucket's refill, a pause's end); `None`: at the
     /// next event that frees something.
     pub retry_at_ms: Option<i64>,
@@ -258,6 +348,17 @@ impl<T> WaitingRoom<T> {
             .is_some_and(|n| n[..=band_index(band)].iter().any(|&c| c > 0))
     }
 
+    /// The latest refusal of a call waiting for `model`: what a call held back behind it
+    /// (see [`WaitingRoom::would_pass`]) is taken to wait for.
+    pub fn refusal_for(&self, model: Option<&str>) -> Option<&Decision> {
+        self.bands
+            .iter()
+            .flat_map(|b| b.queues.values())
+            .flatten()
+            .find(|w| w.model.as_deref() == model)
+            .map(|w| &w.last)
+    }
+
     /// Lets `w` wait (its `id` is set here), unless its tenant has `per_tenant` calls
     /// waiting or the room `total`: then it is handed back with the bound reached.
     pub fn enter(
@@ -393,6 +494,12 @@ impl<T> WaitingRoom<T> {
         self.in_flight.get(tenant).copied().unwrap_or(0)
     }
 
+    /// Takes out every waiter.
+    pub fn drain(&mut self) -> Vec<Waiter<T>> {
+        let ids: Vec<u64> = self.index.keys().copied().collect();
+        ids.into_iter().filter_map(|id| self.take(id)).collect()
+    }
+
     /// Takes out every waiter whose give-up time has come by `now_ms`.
     pub fn due(&mut self, now_ms: i64) -> Vec<Waiter<T>> {
         let ids: Vec<u64> = self
@@ -446,6 +553,7 @@ mod tests {
             entered_ms: 0,
             give_up_ms,
             by_deadline: true,
+            exec_ms: 0,
             retry_at_ms: None,
             last: Decision::rejected(Reason::DeploymentCapacity, None),
             payload: (),

@@ -126,6 +126,8 @@ fn expect_fields(op: &str) -> &'static [&'static str] {
             "limit",
             "requested",
             "available",
+            "waited_ms",
+            "answered_at_ms",
         ],
         "complete" => &["ok", "error", "retry"],
         "reconcile" => &["ok", "error"],
@@ -152,6 +154,8 @@ enum Op {
     SetDownstream(DownstreamArgs),
     SwapPolicy(SwapArgs),
     Inspect,
+    /// Time passes to the step's `at_ms`: waiting calls whose time comes are answered.
+    Advance,
 }
 
 #[derive(Debug)]
@@ -230,6 +234,7 @@ impl Scenario {
                 "set_downstream" => args(rest).map(Op::SetDownstream),
                 "swap_policy" => args(rest).map(Op::SwapPolicy),
                 "inspect" => args::<NoArgs>(rest).map(|_| Op::Inspect),
+                "advance" => args::<NoArgs>(rest).map(|_| Op::Advance),
                 other => Err(format!("unknown op {other:?}")),
             }
             .map_err(step_err)?;

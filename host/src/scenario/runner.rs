@@ -3,7 +3,9 @@
 //! `expect` (partially: the fields named, numbers by value or range).
 
 use super::{default_fixtures, resolve_policy, Op, Scenario, ScenarioError, Step};
-use crate::engine::{Completion, Engine, Reconciliation};
+use crate::engine::{
+    frees_at, given_up, waiter_for, waits_for, Completion, Engine, Reconciliation, WaitingRoom,
+};
 use crate::runtime::{Decider, Runtime};
 use crate::store::{SqliteStore, Store};
 use crate::writer::shard_of;
@@ -118,8 +120,13 @@ impl Runner {
             }
         }
         let mut mismatches = Vec::new();
+        let mut waiting = Waiting::default();
         for (i, step) in s.steps.iter().enumerate() {
             let failed = |m: String| self.err(s, format!("step {i}: {m}"));
+            // Time passes to this step: waiting calls whose give-up or refill comes first.
+            waiting
+                .settle(&engines, s, step.at_ms, &mut mismatches)
+                .map_err(failed)?;
             if shards > 1 {
                 for engine in &engines {
                     engine
@@ -131,22 +138,42 @@ impl Runner {
                 Some(tenant) => &engines[shard_of(tenant, shards)],
                 None => &engines[0],
             };
+            if let Op::Admit(a) = &step.op {
+                if let Some(max_wait) = a.request.get("max_wait_ms") {
+                    let Some(max_wait) = max_wait.as_u64() else {
+                        return Err(failed("max_wait_ms is a whole number of ms".into()));
+                    };
+                    let waited = waiting.admit(engine, s, i, &a.request, max_wait, step.at_ms);
+                    if let Some(actual) = waited.map_err(failed)? {
+                        check(step, i, actual, &mut mismatches);
+                    }
+                    continue;
+                }
+            }
             let actual = self.step(engine, step, base).map_err(failed)?;
+            waiting.saw(step, &actual);
+            if matches!(step.op, Op::Complete(_) | Op::Reconcile(_)) {
+                waiting
+                    .serve(&engines, s, step.at_ms, true, &mut mismatches)
+                    .map_err(failed)?;
+            }
             if matches!(step.op, Op::SwapPolicy(_)) {
                 for other in &engines[1..] {
                     other.sync_policy().map_err(|e| failed(e.to_string()))?;
                 }
             }
+            check(step, i, actual, &mut mismatches);
+        }
+        // A call still waiting at the end was never answered.
+        for i in waiting.left() {
+            let step = &s.steps[i];
             if let Some(expect) = &step.expect {
-                let expected = Value::Object(expect.clone());
-                if !matches_expect(&step.op_name, expect, &actual) {
-                    mismatches.push(Mismatch {
-                        step: i,
-                        op: step.op_name.clone(),
-                        expected,
-                        actual,
-                    });
-                }
+                mismatches.push(Mismatch {
+                    step: i,
+                    op: step.op_name.clone(),
+                    expected: Value::Object(expect.clone()),
+                    actual: json!({"waiting": true}),
+                });
             }
         }
         Ok(mismatches)
@@ -216,8 +243,199 @@ impl Runner {
                 })
             }
             Op::Inspect => to_value(engine.inspect(now).map(|i| json!(i))),
+            Op::Advance => Ok(json!({})),
         }
     }
+}
+
+/// Matches a step's answer against its `expect`, if it has one.
+fn check(step: &Step, i: usize, actual: Value, mismatches: &mut Vec<Mismatch>) {
+    if let Some(expect) = &step.expect {
+        if !matches_expect(&step.op_name, expect, &actual) {
+            mismatches.push(Mismatch {
+                step: i,
+                op: step.op_name.clone(),
+                expected: Value::Object(expect.clone()),
+                actual,
+            });
+        }
+    }
+}
+
+/// The waiting room of a scenario, on its logical clock: an `admit` step whose request has
+/// `max_wait_ms` waits, as a gateway call does in `tollgate serve`, in the engine's
+/// [`WaitingRoom`]; its answer is matched when it comes (with `waited_ms` and
+/// `answered_at_ms`, the logical time it was answered).
+#[derive(Default)]
+struct Waiting {
+    room: WaitingRoom<Parked>,
+}
+
+/// A waiting `admit` step: its index and its request (without `max_wait_ms`).
+struct Parked {
+    step: usize,
+    request: Value,
+}
+
+impl Waiting {
+    /// Runs an admit step that may wait: its answer now, or `None` while it waits.
+    fn admit<S: Store>(
+        &mut self,
+        engine: &Engine<S>,
+        s: &Scenario,
+        step: usize,
+        raw: &Value,
+        max_wait_ms: u64,
+        now: i64,
+    ) -> Result<Option<Value>, String> {
+        let mut request = raw.clone();
+        if let Some(obj) = request.as_object_mut() {
+            obj.remove("max_wait_ms");
+        }
+        let checked = crate::validate::parse(&request, &s.config);
+        let behind = checked.as_ref().is_ok_and(|r| {
+            r.route == crate::model::Route::Interactive
+                && self.room.would_pass(r.model.as_deref(), r.priority)
+        });
+        let model = checked.as_ref().ok().and_then(|r| r.model.clone());
+        let d = if let Some(last) = self.room.refusal_for(model.as_deref()).filter(|_| behind) {
+            last.clone()
+        } else {
+            let d = engine.admit(&request, now).map_err(|e| e.to_string())?;
+            if !waits_for(&d) || !s.config.waiting.enabled {
+                if d.authorises_call() {
+                    if let Ok(r) = &checked {
+                        self.room.started(&r.tenant);
+                    }
+                }
+                return Ok(Some(answered(&d, now)));
+            }
+            d
+        };
+        let Ok(r) = checked else {
+            return Ok(Some(answered(&d, now)));
+        };
+        let (per_tenant, total) = crate::engine::waiting_bounds(&s.config, &r.tenant, 1);
+        let parked = Parked { step, request };
+        match waiter_for(&s.config, &r, d, (now, r.deadline_ms), max_wait_ms, parked) {
+            Err((_, d)) => Ok(Some(answered(&d, now))),
+            Ok(w) => match self.room.enter(w, per_tenant, total) {
+                Ok(_) => Ok(None),
+                Err((w, full)) => {
+                    let mut d =
+                        crate::engine::Decision::rejected(crate::reason::Reason::QueueFull, None);
+                    d.message = Some(full.message(&w.tenant));
+                    Ok(Some(answered(&d, now)))
+                }
+            },
+        }
+    }
+
+    /// Counts the calls a step started and ended, for the room's order.
+    fn saw(&mut self, step: &Step, actual: &Value) {
+        match &step.op {
+            Op::Admit(a) if actual["outcome"] == "accepted" => {
+                if let Some(t) = a.request.get("tenant").and_then(Value::as_str) {
+                    self.room.started(t);
+                }
+            }
+            Op::Complete(c)
+                if actual["ok"] == true && c.result != crate::model::CallResult::Unknown =>
+            {
+                self.room.ended(&c.tenant)
+            }
+            Op::Reconcile(r) if actual["ok"] == true => self.room.ended(&r.tenant),
+            _ => {}
+        }
+    }
+
+    /// Answers what comes due up to `until`, in time order: give-ups, and refills (the
+    /// calls they may let in are tried at that time).
+    fn settle<S: Store>(
+        &mut self,
+        engines: &[Engine<S>],
+        s: &Scenario,
+        until: i64,
+        mismatches: &mut Vec<Mismatch>,
+    ) -> Result<(), String> {
+        let mut now = i64::MIN;
+        while let Some(at) = self.room.next_due(now).filter(|at| *at <= until) {
+            for w in self.room.due(at) {
+                let (d, _) = given_up(&w, at);
+                check(
+                    &s.steps[w.payload.step],
+                    w.payload.step,
+                    answered(&d, at),
+                    mismatches,
+                );
+            }
+            self.serve(engines, s, at, false, mismatches)?;
+            now = at;
+        }
+        Ok(())
+    }
+
+    /// Tries the waiting calls in the room's order at `now` (every tenant's first when
+    /// something was `freed`), round after round while some are admitted.
+    fn serve<S: Store>(
+        &mut self,
+        engines: &[Engine<S>],
+        s: &Scenario,
+        now: i64,
+        freed: bool,
+        mismatches: &mut Vec<Mismatch>,
+    ) -> Result<(), String> {
+        loop {
+            let mut admitted = 0;
+            for id in self.room.candidates(now, usize::MAX, freed) {
+                let Some(w) = self.room.get_mut(id) else {
+                    continue;
+                };
+                let engine = &engines[shard_of(&w.tenant, engines.len())];
+                let d = engine
+                    .admit(&w.payload.request, now)
+                    .map_err(|e| e.to_string())?;
+                if waits_for(&d) {
+                    w.retry_at_ms = frees_at(&d, now);
+                    w.last = d;
+                    continue;
+                }
+                let w = self.room.take(id).expect("found above");
+                let mut d = d;
+                d.waited_ms = Some((now - w.entered_ms).max(0) as u64);
+                if d.authorises_call() {
+                    self.room
+                        .admitted(&w, d.reserved_tokens.unwrap_or(w.tokens));
+                    self.room.started(&w.tenant);
+                    admitted += 1;
+                }
+                let step = w.payload.step;
+                check(&s.steps[step], step, answered(&d, now), mismatches);
+            }
+            if admitted == 0 {
+                return Ok(());
+            }
+        }
+    }
+
+    /// The steps still waiting, in order.
+    fn left(&mut self) -> Vec<usize> {
+        let mut out: Vec<usize> = self
+            .room
+            .drain()
+            .into_iter()
+            .map(|w| w.payload.step)
+            .collect();
+        out.sort_unstable();
+        out
+    }
+}
+
+/// An answer as a scenario sees it: the decision, with the logical time it was given.
+fn answered(d: &crate::engine::Decision, now: i64) -> Value {
+    let mut v = json!(d);
+    v["answered_at_ms"] = json!(now);
+    v
 }
 
 /// The tenant a step acts for, if it acts for one.
@@ -226,7 +444,9 @@ fn step_tenant(op: &Op) -> Option<&str> {
         Op::Admit(a) => a.request.get("tenant").and_then(Value::as_str),
         Op::Complete(c) => Some(&c.tenant),
         Op::Reconcile(r) => Some(&r.tenant),
-        Op::Dispatch(_) | Op::SetDownstream(_) | Op::SwapPolicy(_) | Op::Inspect => None,
+        Op::Dispatch(_) | Op::SetDownstream(_) | Op::SwapPolicy(_) | Op::Inspect | Op::Advance => {
+            None
+        }
     }
 }
 

@@ -12,8 +12,8 @@
 use super::shard::Intake;
 use super::{Answer, Failure, Reply, WriterObserver};
 use crate::engine::{
-    estimated_exec_ms, frees_at, give_up_at, waits_for, Decision, Engine, Job, TenantLevels,
-    Waiter, WaitingRoom,
+    frees_at, given_up, waiter_for, waits_for, Decision, Engine, Job, TenantLevels, Waiter,
+    WaitingRoom,
 };
 use crate::model::Route;
 use crate::reason::Reason;
@@ -223,7 +223,12 @@ impl<S: Store> Waiting<S> {
                 run.1.push(reply);
                 continue;
             }
-            let last = Decision::rejected(Reason::DeploymentCapacity, None);
+            let model = request.and_then(|r| r.model.clone());
+            let last = self
+                .room
+                .refusal_for(model.as_deref())
+                .cloned()
+                .unwrap_or_else(|| Decision::rejected(Reason::DeploymentCapacity, None));
             if let Err(not) = self.park(job, reply, last, None, now) {
                 let (job, reply, answer) = *not;
                 deliver_now(reply, answer);
@@ -305,34 +310,17 @@ impl<S: Store> Waiting<S> {
             return Err(Box::new((job, reply, answer)));
         };
         let config = self.engine.config();
-        let wait = reply.wait.unwrap_or(0).min(config.waiting.max_wait_ms);
-        let exec = estimated_exec_ms(&config, request.max_output_tokens);
         // The deadline is on the job's clock; the room keeps this machine's.
         let offset_ms = job_now(&job).map_or(0, |t| t.saturating_sub(now));
         let deadline = request.deadline_ms.saturating_sub(offset_ms);
-        let (give_up, by_deadline) = give_up_at(now, deadline, exec, wait);
-        let retry_at = frees_at(&last, now);
+        let (per_tenant, total) =
+            crate::engine::waiting_bounds(&config, &request.tenant, self.shards);
+        let wait = reply.wait.unwrap_or(0);
+        let request = request.clone();
         let with_levels = |d: Decision, job: &Job| match job {
             Job::AdmitWithLevels { .. } => Answer::DecisionWithLevels(d, levels),
             _ => Answer::Decision(d),
         };
-        if give_up <= now || retry_at.is_some_and(|at| at > give_up) {
-            let d = if by_deadline {
-                deadline_refusal(&last, 0, exec)
-            } else {
-                last
-            };
-            let answer = Ok(with_levels(d, &job));
-            return Err(Box::new((job, reply, answer)));
-        }
-        let tenant = config.tenant(&request.tenant);
-        let per_tenant = config.waiting.per_tenant_of(tenant);
-        let total = config.waiting.total.div_ceil(self.shards as u32).max(1);
-        let weight = tenant.map_or(1, |t| t.weight);
-        let tokens = request
-            .input_tokens
-            .saturating_add(request.optional_context_tokens)
-            .saturating_add(request.max_output_tokens);
         // The caller's channel moves to a watcher on its runtime, which passes the answer
         // on, or says at once that the caller left (a caller on no runtime is answered
         // straight).
@@ -340,24 +328,22 @@ impl<S: Store> Waiting<S> {
             let (inner, outer) = oneshot::channel();
             (runtime, outer, std::mem::replace(&mut reply.to, inner))
         });
-        let waiter = Waiter {
-            id: 0,
-            tenant: request.tenant.clone(),
-            band: request.priority,
-            model: request.model.clone(),
-            tokens,
-            weight,
-            entered_ms: now,
-            give_up_ms: give_up,
-            by_deadline,
-            retry_at_ms: retry_at,
-            last: last.clone(),
-            payload: Parked {
-                job: job.clone(),
-                reply,
-                levels,
-                offset_ms,
-            },
+        let payload = Parked {
+            job,
+            reply,
+            levels,
+            offset_ms,
+        };
+        let waiter = match waiter_for(&config, &request, last, (now, deadline), wait, payload) {
+            Ok(w) => w,
+            Err((p, d)) => {
+                let Parked { job, mut reply, .. } = p;
+                if let Some((_, _, to)) = watched {
+                    reply.to = to;
+                }
+                let answer = Ok(with_levels(d, &job));
+                return Err(Box::new((job, reply, answer)));
+            }
         };
         match self.room.enter(waiter, per_tenant, total) {
             Ok(id) => {
@@ -421,20 +407,8 @@ impl<S: Store> Waiting<S> {
         }
         let now = wall_ms();
         for w in self.room.due(now) {
-            let waited_for = waited(&w, now);
-            let exec = match &w.payload.job {
-                Job::Admit { request, .. } | Job::AdmitWithLevels { request, .. } => {
-                    estimated_exec_ms(&self.engine.config(), request.max_output_tokens)
-                }
-                _ => 0,
-            };
-            let d = if w.by_deadline {
-                observer.waited("deadline", waited_for);
-                deadline_refusal(&w.last, ms(waited_for), exec)
-            } else {
-                observer.waited("max_wait", waited_for);
-                gave_up(&w.last, ms(waited_for))
-            };
+            let (d, outcome) = given_up(&w, now);
+            observer.waited(outcome, waited(&w, now));
             answer(w.payload, d);
         }
         for _ in 0..MOST_ROUNDS {
@@ -518,29 +492,6 @@ fn waited(w: &Waiter<Parked>, now: i64) -> Duration {
 
 fn ms(d: Duration) -> u64 {
     d.as_millis().min(u128::from(u64::MAX)) as u64
-}
-
-/// The refusal of a call whose deadline, less its estimated execution, has come while it
-/// waited (or would come before what refused it frees).
-fn deadline_refusal(last: &Decision, waited_ms: u64, exec_ms: u64) -> Decision {
-    let mut d = Decision::rejected(Reason::DeadlineExceeded, None);
-    let why = last.reason.map_or("capacity", |r| r.as_str());
-    d.message = Some(format!(
-        "deadline_exceeded: waited {waited_ms} ms for {why}; the call's deadline less its estimated execution ({exec_ms} ms) has come, so it would not finish in time"
-    ));
-    d.waited_ms = Some(waited_ms);
-    d
-}
-
-/// The latest refusal of a call that waited the longest wait, saying so.
-fn gave_up(last: &Decision, waited_ms: u64) -> Decision {
-    let mut d = last.clone();
-    let before = d.message.take().unwrap_or_default();
-    d.message = Some(format!(
-        "{before} (waited {waited_ms} ms, the longest wait: waiting.max_wait_ms)"
-    ));
-    d.waited_ms = Some(waited_ms);
-    d
 }
 
 /// Answers a parked call with `d` (and the levels it was last refused with).
