@@ -120,6 +120,33 @@ fn a_tenant_limit_keeps_room_for_the_quiet_tenant() {
     );
 }
 
+/// Callers that wait in the waiting room: the light tenant is served whole, in time and
+/// never refused, where refused at once it loses half its calls; the provider is kept
+/// busier; the shares are fairer.
+#[test]
+fn callers_that_wait_their_turn_serve_the_light_tenant_whole() {
+    let runs = runs("waiting-room.json");
+    let now = &named(&runs, "refused at once").summary;
+    let wait = &named(&runs, "waiting room").summary;
+    let light = &wait.tenants["light"];
+    assert_eq!(light.completed, light.offered);
+    assert_eq!(light.refused_total, 0);
+    assert!(
+        light.latency_ms.p99.unwrap() < 2_000,
+        "{:?}",
+        light.latency_ms
+    );
+    assert!(now.tenants["light"].completed * 3 < light.completed * 2);
+    assert!(wait.overall.completed > now.overall.completed);
+    assert!(wait.overall.provider_occupancy_mean > now.overall.provider_occupancy_mean);
+    assert!(wait.overall.jain_fairness_tokens > now.overall.jain_fairness_tokens);
+    // The noisy tenant's overload is shed at its own bound, not by the light tenant.
+    assert!(wait.tenants["noisy"].refused.contains_key("queue_full"));
+    assert!(!wait.tenants["noisy"]
+        .refused
+        .contains_key("global_concurrency"));
+}
+
 #[test]
 fn callers_that_honour_retry_after_make_no_storm() {
     let runs = runs("retry-storm.json");

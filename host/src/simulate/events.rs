@@ -44,6 +44,8 @@ pub(super) enum Event {
     },
     /// A worker asks for work.
     Poll(u32),
+    /// A waiting call's give-up or refill time: the waiting room is looked at.
+    Wake,
     /// The time series take a point.
     Sample,
 }

@@ -325,6 +325,10 @@ pub struct Callers {
     pub retry_ms: u64,
     /// The most times one caller asks again.
     pub max_retries: u32,
+    /// When set, a call refused only by shared capacity that frees by itself waits for it
+    /// in the engine's waiting room, this long at most, as a gateway call does; `None`:
+    /// refused at once, as `POST /v1/admit` without `max_wait_ms` answers.
+    pub max_wait_ms: Option<u64>,
 }
 
 impl Default for Callers {
@@ -333,6 +337,7 @@ impl Default for Callers {
             on_refusal: OnRefusal::GiveUp,
             retry_ms: 1000,
             max_retries: 3,
+            max_wait_ms: None,
         }
     }
 }

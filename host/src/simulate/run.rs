@@ -10,8 +10,8 @@ use super::recorder::{Ending, Recorder};
 use super::rng::Rng;
 use super::summary::{Series, Summary, TenantSummary};
 use crate::engine::{
-    Batch, Completion, CompletionAnswer, Decision, DispatchAnswer, ProviderLimits, Reconciliation,
-    Ticket,
+    frees_at, given_up, waiter_for, waiting_bounds, waits_for, Batch, Completion, CompletionAnswer,
+    Decision, DispatchAnswer, ProviderLimits, Reconciliation, Ticket, WaitingRoom,
 };
 use crate::model::{CallResult, Request, Route, Usage};
 use crate::reason::Outcome;
@@ -63,11 +63,19 @@ struct Sim<'a, S: Store> {
     /// Engine work gathered for the current time, and what to do with each answer.
     pending: Batch,
     thens: Vec<Then>,
+    /// Calls waiting for shared capacity (callers with `max_wait_ms`), by operation.
+    room: WaitingRoom<u32>,
+    /// Whether a call ended since the room was last tried.
+    freed: bool,
+    /// Calls let in from the room at the current time (another round follows).
+    let_in: u32,
 }
 
 /// What an engine answer sets in motion.
 enum Then {
     Admitted(u32, Ticket<Decision>),
+    /// A waiting call tried again: its room id.
+    Retried(u64, u32, Ticket<Decision>),
     Completed {
         op: u32,
         attempt: u32,
@@ -157,6 +165,9 @@ pub fn run<S: Store>(
         engine_calls: 0,
         pending: Batch::new(),
         thens: Vec::new(),
+        room: WaitingRoom::new(),
+        freed: false,
+        let_in: 0,
     };
     for w in 0..workers {
         let offset = (sim.workers.poll_ms * w as u64 / workers.max(1) as u64) as i64;
@@ -214,11 +225,13 @@ pub fn run<S: Store>(
                     output_tokens,
                 } => s.reconcile(now, op, attempt, output_tokens),
                 Event::Poll(w) => s.poll(now, w),
+                Event::Wake => {}
                 // Taken after the batch of its time, so that it sees that time's work.
                 Event::Sample => sample = true,
             }
         }
         s.flush(now)?;
+        s.serve_waiting(now)?;
         if sample {
             s.sample(now)?;
             s.push(now + sim.sample_ms as i64, Event::Sample);
@@ -242,9 +255,29 @@ impl<'a, S: Store> Sim<'a, S> {
     }
 
     fn admit(&mut self, op: u32, now: i64) {
+        let request = self.request(op);
+        // A caller that may wait does not pass calls waiting for the same model.
+        let a = self.arrival(op);
+        if self.callers[a.tenant].max_wait_ms.is_some()
+            && a.route == Route::Interactive
+            && self
+                .room
+                .would_pass(request.model.as_deref(), request.priority)
+        {
+            if let Some(last) = self.room.refusal_for(request.model.as_deref()).cloned() {
+                self.wait(op, now, last);
+                return;
+            }
+        }
+        let decision = self.pending.admit(request, now);
+        self.thens.push(Then::Admitted(op, decision));
+    }
+
+    /// The request of operation `op`.
+    fn request(&self, op: u32) -> Request {
         let a = self.arrival(op);
         let tenant = a.tenant;
-        let request = Request {
+        Request {
             tenant: self.load.tenants[tenant].clone(),
             key: key_of(op),
             route: a.route,
@@ -260,9 +293,86 @@ impl<'a, S: Store> Sim<'a, S> {
             labels: BTreeMap::new(),
             fallback: true,
             trace_context: None,
+        }
+    }
+
+    /// Lets refused call `op` wait, or refuses it as the room says (its deadline cannot
+    /// fit, or the room is full).
+    fn wait(&mut self, op: u32, now: i64, last: Decision) {
+        let config = self.engine.config();
+        let request = self.request(op);
+        let max_wait = self.callers[self.arrival(op).tenant]
+            .max_wait_ms
+            .unwrap_or(0);
+        let deadline = request.deadline_ms;
+        let refused = match waiter_for(&config, &request, last, (now, deadline), max_wait, op) {
+            Ok(w) => {
+                let (give_up, retry_at) = (w.give_up_ms, w.retry_at_ms);
+                let (per_tenant, total) = waiting_bounds(&config, &request.tenant, 1);
+                match self.room.enter(w, per_tenant, total) {
+                    Ok(_) => {
+                        self.push(give_up, Event::Wake);
+                        if let Some(at) = retry_at {
+                            self.push(at, Event::Wake);
+                        }
+                        return;
+                    }
+                    Err(_) => Decision::rejected(crate::reason::Reason::QueueFull, None),
+                }
+            }
+            Err((_, d)) => d,
         };
-        let decision = self.pending.admit(request, now);
-        self.thens.push(Then::Admitted(op, decision));
+        self.refused(op, now, &refused);
+    }
+
+    /// Tries the waiting calls: those whose time came are refused, the others tried in the
+    /// room's order (every tenant's first when a call ended), rounds while some get in.
+    fn serve_waiting(&mut self, now: i64) -> Result<(), String> {
+        for w in self.room.due(now) {
+            let (d, _) = given_up(&w, now);
+            self.refused(w.payload, now, &d);
+        }
+        loop {
+            let ids = self.room.candidates(now, usize::MAX, self.freed);
+            self.freed = false;
+            if ids.is_empty() {
+                return Ok(());
+            }
+            for id in ids {
+                let Some(op) = self.room.get_mut(id).map(|w| w.payload) else {
+                    continue;
+                };
+                let ticket = self.pending.admit(self.request(op), now);
+                self.thens.push(Then::Retried(id, op, ticket));
+            }
+            self.let_in = 0;
+            self.flush(now)?;
+            if self.let_in == 0 {
+                return Ok(());
+            }
+        }
+    }
+
+    /// A waiting call's answer: it waits on, or leaves the room with it.
+    fn retried(&mut self, id: u64, op: u32, now: i64, d: Decision) {
+        if waits_for(&d) {
+            if let Some(w) = self.room.get_mut(id) {
+                w.retry_at_ms = frees_at(&d, now);
+                w.last = d;
+                if let Some(at) = w.retry_at_ms {
+                    self.push(at, Event::Wake);
+                }
+            }
+            return;
+        }
+        if let Some(w) = self.room.take(id) {
+            if d.authorises_call() {
+                self.room
+                    .admitted(&w, d.reserved_tokens.unwrap_or(w.tokens));
+                self.let_in += 1;
+            }
+        }
+        self.admitted(op, now, d);
     }
 
     fn admitted(&mut self, op: u32, now: i64, d: Decision) {
@@ -270,6 +380,9 @@ impl<'a, S: Store> Sim<'a, S> {
         let tenant = a.tenant;
         match d.outcome {
             Outcome::Accepted | Outcome::Queued => {
+                if d.outcome == Outcome::Accepted {
+                    self.room.started(&self.load.tenants[tenant]);
+                }
                 if !self.ops[op as usize].admitted {
                     self.ops[op as usize].admitted = true;
                     self.books.admitted(tenant);
@@ -280,30 +393,42 @@ impl<'a, S: Store> Sim<'a, S> {
                     self.start_call(now, op, d.attempt.unwrap_or(1), max_output, None, to);
                 }
             }
-            other => {
-                let reason = match d.reason {
-                    Some(r) => r.as_str(),
-                    None => other.as_str(),
-                };
-                self.books.refused(tenant, reason);
-                let callers = self.callers[tenant];
-                let retries = self.ops[op as usize].retries;
-                if callers.on_refusal != OnRefusal::GiveUp && retries < callers.max_retries {
-                    let delay = match callers.on_refusal {
-                        OnRefusal::RetryAfter => d.retry_after_ms.unwrap_or(callers.retry_ms),
-                        _ => callers.retry_ms,
-                    }
-                    .max(1) as i64;
-                    if now + delay < a.deadline_ms {
-                        self.ops[op as usize].retries += 1;
-                        self.push(now + delay, Event::Admit(op));
-                        return;
-                    }
-                }
-                self.books.gave_up(tenant);
-                self.ops[op as usize].done = true;
+            _ if self.callers[tenant].max_wait_ms.is_some()
+                && a.route == Route::Interactive
+                && self.engine.config().waiting.enabled
+                && waits_for(&d) =>
+            {
+                self.wait(op, now, d)
+            }
+            _ => self.refused(op, now, &d),
+        }
+    }
+
+    /// A refusal reaches the caller: it asks again as its callers do, or gives up.
+    fn refused(&mut self, op: u32, now: i64, d: &Decision) {
+        let a = self.arrival(op);
+        let tenant = a.tenant;
+        let reason = match d.reason {
+            Some(r) => r.as_str(),
+            None => d.outcome.as_str(),
+        };
+        self.books.refused(tenant, reason);
+        let callers = self.callers[tenant];
+        let retries = self.ops[op as usize].retries;
+        if callers.on_refusal != OnRefusal::GiveUp && retries < callers.max_retries {
+            let delay = match callers.on_refusal {
+                OnRefusal::RetryAfter => d.retry_after_ms.unwrap_or(callers.retry_ms),
+                _ => callers.retry_ms,
+            }
+            .max(1) as i64;
+            if now + delay < a.deadline_ms {
+                self.ops[op as usize].retries += 1;
+                self.push(now + delay, Event::Admit(op));
+                return;
             }
         }
+        self.books.gave_up(tenant);
+        self.ops[op as usize].done = true;
     }
 
     /// Sends a call to the provider (to `deployment` where the engine reserved one the
@@ -479,6 +604,11 @@ impl<'a, S: Store> Sim<'a, S> {
         answer: CompletionAnswer,
     ) -> Result<(), String> {
         let a = self.arrival(op);
+        if !matches!(call, Call::Unknown { .. }) {
+            // Its slots are free again: the waiting calls may fit now.
+            self.room.ended(&self.load.tenants[a.tenant]);
+            self.freed = true;
+        }
         if !answer.ok {
             return Err(format!(
                 "the engine refused a completion of {}: {:?}",
@@ -597,6 +727,10 @@ impl<'a, S: Store> Sim<'a, S> {
                 Then::Admitted(op, d) => {
                     let d = answers.take(d).map_err(failed)?;
                     self.admitted(op, now, d)
+                }
+                Then::Retried(id, op, d) => {
+                    let d = answers.take(d).map_err(failed)?;
+                    self.retried(id, op, now, d)
                 }
                 Then::Completed {
                     op,
