@@ -13,3 +13,4 @@ pub mod redis_peer;
 pub mod simulate;
 pub mod soak;
 pub mod store;
+pub mod waiting;

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use tollgate::runtime::Runtime;
-use tollgate_bench::{gateway, http, native, redis_peer, simulate, soak, store};
+use tollgate_bench::{gateway, http, native, redis_peer, simulate, soak, store, waiting};
 
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -128,6 +128,21 @@ enum BenchCommand {
         /// Print one JSON line at the end.
         #[arg(long)]
         json: bool,
+    },
+    /// Memory per call waiting in the waiting room, and the server's CPU while calls wait:
+    /// `tollgate serve` with its one slot taken and N calls asking to wait.
+    Waiting {
+        #[arg(long, default_value_t = 10_000)]
+        waiters: usize,
+        /// Seconds the CPU is watched while they wait.
+        #[arg(long, default_value_t = 10)]
+        watch_s: u64,
+        /// Print one JSON line at the end.
+        #[arg(long)]
+        json: bool,
+        /// The `tollgate` executable to start (default: the one beside this benchmark).
+        #[arg(long)]
+        tollgate: Option<PathBuf>,
     },
     /// Claims per second at a large queue (many tenants, many jobs) next to a small one.
     Dispatch {
@@ -303,6 +318,30 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             } else {
                 ExitCode::FAILURE
             })
+        }
+        Some(BenchCommand::Waiting {
+            waiters,
+            watch_s,
+            json,
+            tollgate,
+        }) => {
+            let dir = tempfile_dir()?;
+            let exe = tollgate.map_or_else(serve_executable, Ok)?;
+            let watch = std::time::Duration::from_secs(watch_s);
+            let f = waiting::waiting(&exe, &dir, waiters, watch)?;
+            println!(
+                "{} calls waiting: {:.0} bytes each ({} KiB before, {} KiB waiting); the server's CPU while they waited {:.2}% of a core over {:.1} s",
+                f.waiters,
+                f.bytes_per_waiter,
+                f.rss_before_kib,
+                f.rss_waiting_kib,
+                f.cpu_share_while_waiting * 100.0,
+                f.watched_s
+            );
+            if json {
+                println!("{}", serde_json::json!(f));
+            }
+            Ok(ExitCode::SUCCESS)
         }
         Some(BenchCommand::Simulate { requests, json }) => {
             let f = simulate::simulate(requests)?;

@@ -230,9 +230,13 @@ class Deployments(unittest.TestCase):
         # The stub takes 4 at once: the learned limit settles beside it.
         self.assertGreaterEqual(health["concurrency_limit"], 3, (health, narrow))
         self.assertLessEqual(health["concurrency_limit"], 6, (health, narrow))
-        # Most calls got through, and the provider refused few of the attempts sent to it.
+        # Most calls got through, and the provider refused a minority of the attempts sent
+        # to it. (Calls wait for the learned limit instead of going back to their SDKs, so
+        # the deployment is kept full and each additive increase probes past the provider's
+        # 4 at once: measured 36 refused to 95 served, where refusals that sent the callers
+        # away kept it under a third.)
         self.assertGreaterEqual(narrow["served"], 90, (narrow, failed[:1]))
-        self.assertLess(narrow["refused"], narrow["served"] // 3, narrow)
+        self.assertLess(narrow["refused"], narrow["served"] // 2, narrow)
         self.assertIn('tollgate_deployment_concurrency_limit{deployment="narrow",model="adapt"}',
                       self.admin("/metrics"))
 

@@ -190,13 +190,13 @@ async fn admit(
     let waiting = s.engine.config().waiting;
     let (request, now) = (call.request.clone(), s.clock.now_ms());
     let admitted = if waiting.enabled {
-        let wait = s
+        let answer = s
             .writer
-            .admit_with_levels_waiting(request, now, waiting.max_wait_ms);
-        let wait_span = crate::telemetry::wait(&span);
-        let answer = wait.instrument(wait_span.clone()).await;
+            .admit_with_levels_waiting(request, now, waiting.max_wait_ms)
+            .instrument(span.clone())
+            .await;
         if let Ok((d, _)) = &answer {
-            crate::telemetry::waited(&wait_span, d.waited_ms);
+            crate::telemetry::waited(&span, d.waited_ms);
         }
         answer
     } else {

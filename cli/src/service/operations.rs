@@ -85,14 +85,13 @@ pub(super) async fn admit(
     let now = s.clock.now_ms();
     let d = match max_wait_ms.filter(|ms| waiting.enabled && *ms > 0) {
         Some(ms) => {
-            let wait_span = crate::telemetry::wait(&span);
             let d = s
                 .writer
                 .admit_waiting(request, now, ms)
-                .instrument(wait_span.clone())
+                .instrument(span.clone())
                 .await;
             if let Ok(d) = &d {
-                crate::telemetry::waited(&wait_span, d.waited_ms);
+                crate::telemetry::waited(&span, d.waited_ms);
             }
             d
         }

@@ -16,7 +16,7 @@ mod spans;
 pub use export::SPANS;
 pub use spans::{
     admission, completion, decided, dispatched, durable_context, inject, number, server_span,
-    upstream, upstream_answered, wait, waited, writer_spans,
+    upstream, upstream_answered, waited, writer_spans,
 };
 
 use opentelemetry::trace::TracerProvider as _;

@@ -108,20 +108,27 @@ pub fn server_span(
     span
 }
 
-/// The span of an admission that may wait in the waiting room, a child of its admission's:
-/// from the admission's start to its answer, `tollgate.waited_ms` recorded by [`waited`].
-pub fn wait(admission: &Span) -> Span {
-    tracing::info_span!(
-        target: TARGET,
-        parent: admission,
-        "tollgate.wait",
-        "tollgate.waited_ms" = Empty,
-    )
-}
-
-/// Records how long the call waited on its `tollgate.wait` span.
-pub fn waited(span: &Span, waited_ms: Option<u64>) {
-    span.record("tollgate.waited_ms", waited_ms.unwrap_or(0));
+/// When the call waited in the waiting room: a `tollgate.wait` child of its admission's
+/// span, from when it began waiting to now, with `tollgate.waited_ms`.
+pub fn waited(admission: &Span, waited_ms: Option<u64>) {
+    let Some(ms) = waited_ms else {
+        return;
+    };
+    let cx = admission.context();
+    if !cx.span().span_context().is_sampled() {
+        return;
+    }
+    let tracer = opentelemetry::global::tracer("tollgate");
+    let now = SystemTime::now();
+    let mut span = tracer
+        .span_builder("tollgate.wait")
+        .with_start_time(now - std::time::Duration::from_millis(ms))
+        .with_attributes([KeyValue::new(
+            "tollgate.waited_ms",
+            i64::try_from(ms).unwrap_or(i64::MAX),
+        )])
+        .start_with_context(&tracer, &cx);
+    span.end_with_timestamp(now);
 }
 
 /// The span of one admission (the writer's steps become its children).
