@@ -23,7 +23,9 @@ pub struct WaitingFigures {
     pub rss_before_kib: u64,
     /// And once they all waited, KiB.
     pub rss_waiting_kib: u64,
-    /// The difference over the waiters, bytes: a connection's buffers and task included.
+    /// The difference over the waiters, bytes: each waits on a connection of its own, whose
+    /// buffers and task count here with the call's handler, job, reply watcher and place
+    /// in the room.
     pub bytes_per_waiter: f64,
     /// How long the CPU was watched while they waited, s.
     pub watched_s: f64,
