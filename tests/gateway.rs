@@ -62,7 +62,11 @@ fn suite_with(file: &str, tests: usize, env: &[(&str, &str)]) {
     println!("{report}");
     assert!(out.status.success(), "{report}");
     // Every check ran (a suite that found nothing to run would also exit 0).
-    assert!(report.contains(&format!("Ran {tests} tests")), "{report}");
+    let plural = if tests == 1 { "" } else { "s" };
+    assert!(
+        report.contains(&format!("Ran {tests} test{plural} in")),
+        "{report}"
+    );
 }
 
 #[test]

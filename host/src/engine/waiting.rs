@@ -476,7 +476,12 @@ impl<T> WaitingRoom<T> {
 
     /// A call of `tenant` started (admitted, from the room or not).
     pub fn started(&mut self, tenant: &str) {
-        *self.in_flight.entry(tenant.to_string()).or_default() += 1;
+        match self.in_flight.get_mut(tenant) {
+            Some(n) => *n += 1,
+            None => {
+                self.in_flight.insert(tenant.to_string(), 1);
+            }
+        }
     }
 
     /// A call of `tenant` ended and released what it held.

@@ -44,9 +44,10 @@ pub(super) fn run<S: Store>(
     while let Some(batch) = taken.take(MAX_BATCH, waiting.idle(maintenance::SYNC_EVERY)) {
         housekeeping.run_due();
         waiting.drop_gone(&observer);
-        if batch.is_empty() || waiting.looks_with_others() {
+        let others = waiting.looks_with_others();
+        if batch.is_empty() || others {
             // A timer of the waiting room, or capacity freed by other shards or replicas.
-            waiting.serve(waiting.looks_with_others(), &observer);
+            waiting.serve(others, &observer);
         }
         if batch.is_empty() {
             // Idle while the store cannot write: a probe finds when it can.

@@ -110,9 +110,15 @@ pub(super) struct Waiting<S: Store> {
     /// How many shards share `waiting.total`.
     shards: usize,
     /// Whether capacity this shard waits for can be freed elsewhere (other shards or
-    /// replicas): then the room is tried again at every look for their changes.
+    /// replicas): then the room is tried again every [`LOOK_EVERY`].
     shared: bool,
+    /// When the room was last tried for capacity freed elsewhere.
+    last_look: std::time::Instant,
 }
+
+/// How often a room whose capacity other shards or replicas share is tried again while
+/// nothing of its own frees it.
+const LOOK_EVERY: Duration = Duration::from_millis(250);
 
 /// The admission's decision in an answer, if it is one.
 fn decision_mut(a: &mut Answer) -> Option<&mut Decision> {
@@ -162,6 +168,7 @@ impl<S: Store> Waiting<S> {
             stats,
             shards: shards.max(1),
             shared,
+            last_look: std::time::Instant::now(),
         }
     }
 
@@ -170,19 +177,27 @@ impl<S: Store> Waiting<S> {
     pub(super) fn idle(&self, most: Duration) -> Duration {
         match self.room.next_due(wall_ms()) {
             Some(at) => Duration::from_millis((at - wall_ms()).clamp(0, i64::MAX) as u64).min(most),
+            None if self.shared && !self.room.is_empty() => most.min(LOOK_EVERY),
             None => most,
         }
     }
 
-    /// Whether the room has calls, and their capacity may free elsewhere: then every look
-    /// for other shards' and replicas' changes tries them again.
-    pub(super) fn looks_with_others(&self) -> bool {
-        self.shared && !self.room.is_empty()
+    /// Whether the room has calls whose capacity may have freed elsewhere since it was
+    /// last tried for that ([`LOOK_EVERY`] ago): then it is tried again now.
+    pub(super) fn looks_with_others(&mut self) -> bool {
+        if !self.shared || self.room.is_empty() || self.last_look.elapsed() < LOOK_EVERY {
+            return false;
+        }
+        self.last_look = std::time::Instant::now();
+        true
     }
 
     /// Drops the waiters whose callers left.
     pub(super) fn drop_gone(&mut self, observer: &Arc<dyn WriterObserver>) {
         let gone = std::mem::take(&mut *self.gone.lock().unwrap_or_else(|e| e.into_inner()));
+        if gone.is_empty() {
+            return;
+        }
         let now = wall_ms();
         for id in gone {
             if let Some(w) = self.room.take(id) {
@@ -290,7 +305,9 @@ impl<S: Store> Waiting<S> {
                 }
             }
         }
-        self.publish();
+        if parked {
+            self.publish();
+        }
         parked
     }
 
