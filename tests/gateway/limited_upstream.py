@@ -151,6 +151,7 @@ class Handler(BaseHTTPRequestHandler):
             return self.send_json(429, {"error": {
                 "message": "Rate limit reached for requests on this deployment.",
                 "type": "requests", "code": "rate_limit_exceeded", "param": None}}, over)
+        ended = False
         try:
             if limits.delay_s:
                 with limits.lock:
@@ -165,9 +166,14 @@ class Handler(BaseHTTPRequestHandler):
                              "finish_reason": "stop", "logprobs": None}],
                 "usage": {"prompt_tokens": 9, "completion_tokens": 1, "total_tokens": 10},
             }
+            # The call's place is free once its answer is written: counted free first, as a
+            # provider's is by the time its client has the whole answer.
+            limits.done(True)
+            ended = True
             self.send_json(200, answer, headers)
         finally:
-            limits.done(True)
+            if not ended:
+                limits.done(True)
 
 
 def start(**limits):
