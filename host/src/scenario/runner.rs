@@ -302,7 +302,10 @@ impl Waiting {
             last.clone()
         } else {
             let d = engine.admit(&request, now).map_err(|e| e.to_string())?;
-            if !waits_for(&d) || !s.config.waiting.enabled {
+            let interactive = checked
+                .as_ref()
+                .is_ok_and(|r| r.route == crate::model::Route::Interactive);
+            if !interactive || !waits_for(&d) || !s.config.waiting.enabled {
                 if d.authorises_call() {
                     if let Ok(r) = &checked {
                         self.room.started(&r.tenant);

@@ -267,7 +267,13 @@ impl<S: Store> Waiting<S> {
         let now = wall_ms();
         let mut parked = false;
         for (i, job) in jobs.iter().enumerate() {
-            let may = replies[i].as_ref().is_some_and(|r| r.wait.is_some());
+            // Only interactive calls wait: durable work has its queue.
+            let interactive = matches!(
+                job,
+                Job::Admit { request, .. } | Job::AdmitWithLevels { request, .. }
+                    if request.route == Route::Interactive
+            );
+            let may = interactive && replies[i].as_ref().is_some_and(|r| r.wait.is_some());
             let waitable = matches!(
                 &answers[i],
                 Some(Ok(Answer::Decision(d) | Answer::DecisionWithLevels(d, _))) if waits_for(d)
