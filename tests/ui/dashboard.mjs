@@ -176,6 +176,10 @@ try {
   assert.ok(points >= 3, `the accepted line has a point per refresh (${points})`);
   assert.ok((await page.$$("#chart-queues polyline")).length >= 2, "a queue line per tenant");
   assert.ok((await page.$$("#chart-levels polyline")).length >= 3, "a token level line per tenant");
+  // The waiting room's table lists every band, from inspect's `waiting`.
+  const waitingRows = await page.$$eval("#waiting tr", (rs) => rs.map((r) => r.textContent));
+  assert.ok(["critical", "standard", "sheddable"].every((b) => waitingRows.some((t) => t.includes("band " + b))),
+    "waiting bands: " + waitingRows);
 
   // No element is wider than its card, at three widths.
   const shots = process.env.UI_SCREENSHOT_DIR || dir;
