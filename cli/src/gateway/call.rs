@@ -189,22 +189,15 @@ async fn admit(
     let span = crate::telemetry::admission(&call.request);
     let waiting = s.engine.config().waiting;
     let (request, now) = (call.request.clone(), s.clock.now_ms());
-    let admitted = if waiting.enabled {
-        let answer = s
-            .writer
-            .admit_with_levels_waiting(request, now, waiting.max_wait_ms)
-            .instrument(span.clone())
-            .await;
-        if let Ok((d, _)) = &answer {
-            crate::telemetry::waited(&span, d.waited_ms);
-        }
-        answer
-    } else {
-        s.writer
-            .admit_with_levels(request, now)
-            .instrument(span.clone())
-            .await
-    };
+    let wait = waiting.enabled.then_some(waiting.max_wait_ms);
+    let admitted = s
+        .writer
+        .admit_with_levels_waiting(request, now, wait)
+        .instrument(span.clone())
+        .await;
+    if let Ok((d, _)) = &admitted {
+        crate::telemetry::waited(&span, d.waited_ms);
+    }
     match admitted {
         Ok((d, levels)) => {
             crate::telemetry::decided(&span, &d);

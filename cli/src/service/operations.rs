@@ -83,21 +83,14 @@ pub(super) async fn admit(
     crate::telemetry::durable_context(&mut request, &span);
     let waiting = s.engine.config().waiting;
     let now = s.clock.now_ms();
-    let d = match max_wait_ms.filter(|ms| waiting.enabled && *ms > 0) {
-        Some(ms) => {
-            let d = s
-                .writer
-                .admit_waiting(request, now, ms)
-                .instrument(span.clone())
-                .await;
-            if let Ok(d) = &d {
-                crate::telemetry::waited(&span, d.waited_ms);
-            }
-            d
-        }
-        None => s.writer.admit(request, now).instrument(span.clone()).await,
-    }
-    .map_err(store_refusal)?;
+    let wait = max_wait_ms.filter(|ms| waiting.enabled && *ms > 0);
+    let d = s
+        .writer
+        .admit_waiting(request, now, wait)
+        .instrument(span.clone())
+        .await
+        .map_err(store_refusal)?;
+    crate::telemetry::waited(&span, d.waited_ms);
     crate::telemetry::decided(&span, &d);
     let reason = d.reason.map_or("", Reason::as_str);
     s.metrics

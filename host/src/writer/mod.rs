@@ -141,6 +141,13 @@ struct Reply {
     wait: Option<u64>,
 }
 
+impl Reply {
+    /// Whether its job may wait in the waiting room.
+    fn may_wait(&self) -> bool {
+        self.wait.is_some()
+    }
+}
+
 /// The handle callers submit work through; clone it freely. The writer finishes (and
 /// commits) what it was given and ends once every handle is dropped.
 pub struct Writer {
@@ -327,10 +334,7 @@ impl Writer {
     /// Admits, queues or refuses a request; checked first as [`Engine::admit_request`]
     /// checks it.
     pub async fn admit(&self, request: Request, now_ms: i64) -> Result<Decision, Failure> {
-        match self.submit(Job::Admit { request, now_ms }).await? {
-            Answer::Decision(d) => Ok(d),
-            other => Err(out_of_turn(other)),
-        }
+        self.admit_waiting(request, now_ms, None).await
     }
 
     /// As [`Writer::admit`], with the tenant's buckets as they are after it, read in the
@@ -340,26 +344,21 @@ impl Writer {
         request: Request,
         now_ms: i64,
     ) -> Result<(Decision, Option<TenantLevels>), Failure> {
-        match self
-            .submit(Job::AdmitWithLevels { request, now_ms })
-            .await?
-        {
-            Answer::DecisionWithLevels(d, levels) => Ok((d, levels)),
-            other => Err(out_of_turn(other)),
-        }
+        self.admit_with_levels_waiting(request, now_ms, None).await
     }
 
-    /// As [`Writer::admit`]; refused only by shared capacity that frees by itself, the call
-    /// waits for it in the waiting room, at most `max_wait_ms` (and `waiting.max_wait_ms`)
-    /// and never past its deadline less its estimated execution, and is answered then.
+    /// As [`Writer::admit`]; with `max_wait_ms`, a call refused only by shared capacity that
+    /// frees by itself waits for it in the waiting room, that long at most (and
+    /// `waiting.max_wait_ms`) and never past its deadline less its estimated execution, and
+    /// is answered then.
     pub async fn admit_waiting(
         &self,
         request: Request,
         now_ms: i64,
-        max_wait_ms: u64,
+        max_wait_ms: Option<u64>,
     ) -> Result<Decision, Failure> {
         let job = Job::Admit { request, now_ms };
-        match self.submit_waiting(job, Some(max_wait_ms)).await? {
+        match self.submit_waiting(job, max_wait_ms).await? {
             Answer::Decision(d) => Ok(d),
             other => Err(out_of_turn(other)),
         }
@@ -370,10 +369,10 @@ impl Writer {
         &self,
         request: Request,
         now_ms: i64,
-        max_wait_ms: u64,
+        max_wait_ms: Option<u64>,
     ) -> Result<(Decision, Option<TenantLevels>), Failure> {
         let job = Job::AdmitWithLevels { request, now_ms };
-        match self.submit_waiting(job, Some(max_wait_ms)).await? {
+        match self.submit_waiting(job, max_wait_ms).await? {
             Answer::DecisionWithLevels(d, levels) => Ok((d, levels)),
             other => Err(out_of_turn(other)),
         }
@@ -586,7 +585,7 @@ mod tests {
         assert!(first.authorises_call());
         let w = writer.clone();
         let second = request("b", "k2");
-        let waiting = rt.spawn(async move { w.admit_waiting(second, 20, 30_000).await });
+        let waiting = rt.spawn(async move { w.admit_waiting(second, 20, Some(30_000)).await });
         std::thread::sleep(Duration::from_millis(100));
         assert!(!waiting.is_finished());
         let freed = Instant::now();

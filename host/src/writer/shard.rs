@@ -106,26 +106,32 @@ pub(super) fn run<S: Store>(
                 .collect(),
             Err(e) => replies.iter().map(|_| Err(Failure::of(&e))).collect(),
         };
-        // Refusals that may wait go to the waiting room instead of their callers.
-        let mut replies: Vec<Option<Reply>> = replies.into_iter().map(Some).collect();
-        let mut answers: Vec<Option<Result<Answer, Failure>>> =
-            answers.into_iter().map(Some).collect();
-        let parked = waiting.park_refused(&jobs, &mut replies, &mut answers, &observer);
         waiting.saw(&jobs, &answers);
-        let (mut kept_replies, mut kept_answers, mut kept_times) = (vec![], vec![], vec![]);
-        for (i, (reply, answer)) in replies.into_iter().zip(answers).enumerate() {
-            if let (Some(reply), Some(answer)) = (reply, answer) {
-                kept_replies.push(reply);
-                kept_answers.push(answer);
-                kept_times.push(times.get(i).copied().flatten());
+        // Refusals that may wait go to the waiting room instead of their callers (none can
+        // when no job of the batch asked to wait: its answers go as they are).
+        let (replies, answers, times, parked) = if replies.iter().any(Reply::may_wait) {
+            let mut replies: Vec<Option<Reply>> = replies.into_iter().map(Some).collect();
+            let mut answers: Vec<Option<Result<Answer, Failure>>> =
+                answers.into_iter().map(Some).collect();
+            let parked = waiting.park_refused(&jobs, &mut replies, &mut answers, &observer);
+            let (mut kept_replies, mut kept_answers, mut kept_times) = (vec![], vec![], vec![]);
+            for (i, (reply, answer)) in replies.into_iter().zip(answers).enumerate() {
+                if let (Some(reply), Some(answer)) = (reply, answer) {
+                    kept_replies.push(reply);
+                    kept_answers.push(answer);
+                    kept_times.push(times.get(i).copied().flatten());
+                }
             }
-        }
+            (kept_replies, kept_answers, kept_times, parked)
+        } else {
+            (replies, answers, times, false)
+        };
         let batch = BatchTimes {
             started,
             ended,
-            jobs: kept_times,
+            jobs: times,
         };
-        deliver(kept_replies, kept_answers, &batch, &observer);
+        deliver(replies, answers, &batch, &observer);
         if frees || parked {
             waiting.serve(frees, &observer);
         }

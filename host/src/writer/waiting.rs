@@ -228,7 +228,7 @@ impl<S: Store> Waiting<S> {
                 Job::Admit { request, .. } | Job::AdmitWithLevels { request, .. } => Some(request),
                 _ => None,
             };
-            let behind = reply.wait.is_some()
+            let behind = reply.may_wait()
                 && request.is_some_and(|r| {
                     r.route == Route::Interactive
                         && self.room.would_pass(r.model.as_deref(), r.priority)
@@ -246,7 +246,7 @@ impl<S: Store> Waiting<S> {
                 .unwrap_or_else(|| Decision::rejected(Reason::DeploymentCapacity, None));
             if let Err(not) = self.park(job, reply, last, None, now) {
                 let (job, reply, answer) = *not;
-                deliver_now(reply, answer);
+                let _ = reply.to.send(answer);
                 observer.waited("queue_full", Duration::ZERO);
                 drop(job);
             }
@@ -273,7 +273,7 @@ impl<S: Store> Waiting<S> {
                 Job::Admit { request, .. } | Job::AdmitWithLevels { request, .. }
                     if request.route == Route::Interactive
             );
-            let may = interactive && replies[i].as_ref().is_some_and(|r| r.wait.is_some());
+            let may = interactive && replies[i].as_ref().is_some_and(Reply::may_wait);
             let waitable = matches!(
                 &answers[i],
                 Some(Ok(Answer::Decision(d) | Answer::DecisionWithLevels(d, _))) if waits_for(d)
@@ -397,10 +397,10 @@ impl<S: Store> Waiting<S> {
 
     /// Counts the calls a batch started and ended, for the room's order (a tenant with
     /// fewer calls in flight goes first).
-    pub(super) fn saw(&mut self, jobs: &[Job], answers: &[Option<Result<Answer, Failure>>]) {
+    pub(super) fn saw(&mut self, jobs: &[Job], answers: &[Result<Answer, Failure>]) {
         use crate::model::CallResult;
         for (job, answer) in jobs.iter().zip(answers) {
-            let Some(Ok(answer)) = answer else {
+            let Ok(answer) = answer else {
                 continue;
             };
             match (job, answer) {
@@ -524,10 +524,6 @@ fn answer(p: Parked, d: Decision) {
         _ => Answer::Decision(d),
     };
     let _ = p.reply.to.send(Ok(a));
-}
-
-fn deliver_now(reply: Reply, answer: Result<Answer, Failure>) {
-    let _ = reply.to.send(answer);
 }
 
 /// Passes the answer from `outer` to the caller's `to` on the caller's runtime; if the
